@@ -1,0 +1,56 @@
+# The two commands a new user runs: `make up` and `make test`. Both install what they
+# need first. Build outputs are cached outside the clone (CASTELLAN_CACHE) so that a
+# second run, or CI on the same machine, does not rebuild the world.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+export CASTELLAN_CACHE ?= /var/cache/castellan
+export CARGO_TARGET_DIR ?= $(CASTELLAN_CACHE)/target
+export CARGO_TERM_COLOR ?= never
+
+# `make test` runs its own cluster beside any `make up` one: another state directory,
+# other ports.
+TEST_DEV_DIR := $(CURDIR)/.dev/test
+TEST_PORT_BASE := 26000
+
+.PHONY: help deps controlplane build up down crds check test
+
+help:
+	@echo "make up     start the local cluster (control plane) with Castellan's CRDs"
+	@echo "make down   stop it and remove its state"
+	@echo "make test   formatting, lints, unit and end-to-end tests"
+	@echo "make crds   regenerate crds/ from the Rust types"
+
+deps:
+	@deploy/local/deps.sh
+
+controlplane: deps
+	@deploy/controlplane/build.sh >/dev/null
+
+build: deps
+	cargo build --workspace --all-targets
+
+up: controlplane
+	@deploy/local/cluster.sh up
+	@echo "KUBECONFIG=$(CURDIR)/.dev/kubeconfig $(CURDIR)/.dev/bin/kubectl get castellan"
+
+down:
+	@deploy/local/cluster.sh down
+
+crds: deps
+	cargo run --quiet -- crds --out-dir crds
+
+check: deps
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+# Unit tests first (no cluster), then the end-to-end tests against a control plane that
+# this target starts and always stops, whatever the outcome.
+test: check controlplane
+	cargo test --workspace --lib --bins
+	@CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh down >/dev/null 2>&1 || true
+	@trap 'CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh down' EXIT; \
+	  CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh up; \
+	  CASTELLAN_KUBECONFIG=$(TEST_DEV_DIR)/kubeconfig cargo test --workspace --test '*'

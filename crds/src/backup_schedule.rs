@@ -1,0 +1,82 @@
+//! `BackupSchedule`: `Backup`s made on a cron schedule and pruned by retention.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::retention::Retention;
+
+/// Backups of a cluster on a schedule. The cron expression and time zone are checked
+/// by the operator (CEL cannot parse them) and reported in the `Ready` condition.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "castellan.io",
+    version = "v1alpha1",
+    kind = "BackupSchedule",
+    plural = "backupschedules",
+    namespaced,
+    status = "BackupScheduleStatus",
+    shortname = "cbs",
+    category = "castellan",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
+    printcolumn = r#"{"name":"Schedule","type":"string","jsonPath":".spec.schedule"}"#,
+    printcolumn = r#"{"name":"Suspend","type":"boolean","jsonPath":".spec.suspend"}"#,
+    printcolumn = r#"{"name":"Last","type":"date","jsonPath":".status.lastScheduleTime"}"#,
+    printcolumn = r#"{"name":"Next","type":"string","jsonPath":".status.nextScheduleTime"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("size(self.metadata.name) <= 48").message("metadata.name must be at most 48 characters: Backups are named <schedule>-<yyyymmddhhmmss> and labelled with the schedule's name, which must fit in 63 characters"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupScheduleSpec {
+    /// Name of the `DatabaseCluster` (same namespace) to back up.
+    #[schemars(length(min = 1, max = 63))]
+    pub cluster: String,
+
+    /// Standard five-field cron expression (`minute hour day-of-month month
+    /// day-of-week`), such as `0 3 * * *`, or a macro such as `@daily`.
+    #[schemars(length(min = 1, max = 128))]
+    pub schedule: String,
+
+    /// IANA time zone the schedule is read in, such as `Europe/Berlin`; UTC when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
+
+    /// Which of this schedule's backups to keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+
+    /// Stop making new backups (retention still applies).
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// Take a backup as soon as the schedule is created, not only at the first slot.
+    #[serde(default)]
+    pub immediate: bool,
+}
+
+/// What the schedule has done and will do.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupScheduleStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (with reason `InvalidSchedule` when the cron or time zone is wrong) and
+    /// others, per the Kubernetes conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// When the last backup was started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_schedule_time: Option<String>,
+    /// When the next backup is due (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_schedule_time: Option<String>,
+    /// Name of the newest completed `Backup`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_backup: Option<String>,
+    /// `Backup`s of this schedule still running.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active_backups: Vec<String>,
+}

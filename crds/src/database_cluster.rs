@@ -1,0 +1,367 @@
+//! `DatabaseCluster`: a replicated database (PostgreSQL first) that Castellan runs.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::quantity::quantity_schema;
+use crate::retention::Retention;
+
+/// PostgreSQL major versions this release of Castellan can run.
+pub const SUPPORTED_POSTGRESQL_VERSIONS: [&str; 4] = ["15", "16", "17", "18"];
+
+/// Server parameters Castellan must own: where the server listens, how it replicates
+/// and archives, where its files are. Letting a user set them would break failover,
+/// backups or the instance manager's control of the server, so admission refuses them.
+pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 30] = [
+    "archive_cleanup_command",
+    "archive_command",
+    "archive_library",
+    "archive_mode",
+    "archive_timeout",
+    "cluster_name",
+    "config_file",
+    "data_directory",
+    "external_pid_file",
+    "full_page_writes",
+    "hba_file",
+    "hot_standby",
+    "ident_file",
+    "listen_addresses",
+    "max_replication_slots",
+    "max_wal_senders",
+    "port",
+    "primary_conninfo",
+    "primary_slot_name",
+    "promote_trigger_file",
+    "recovery_target",
+    "recovery_target_lsn",
+    "recovery_target_time",
+    "restore_command",
+    "ssl",
+    "synchronous_standby_names",
+    "unix_socket_directories",
+    "wal_level",
+    "wal_log_hints",
+    "wal_sender_timeout",
+];
+
+/// The longest `DatabaseCluster` name. Castellan derives names from it: pods and
+/// volumes `<name>-<n>`, Services `<name>-rw`/`-ro`/`-r`, Secrets `<name>-superuser`
+/// and `<name>-app`, and the `castellan.io/cluster` label. Services and label values
+/// allow 63 characters; 50 leaves room for every suffix Castellan uses or will use.
+pub const MAX_NAME_LENGTH: usize = 50;
+
+/// A replicated database cluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "castellan.io",
+    version = "v1alpha1",
+    kind = "DatabaseCluster",
+    plural = "databaseclusters",
+    namespaced,
+    status = "DatabaseClusterStatus",
+    shortname = "dbc",
+    shortname = "dbcluster",
+    category = "castellan",
+    printcolumn = r#"{"name":"Engine","type":"string","jsonPath":".spec.engine"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyInstances"}"#,
+    printcolumn = r#"{"name":"Primary","type":"string","jsonPath":".status.currentPrimary"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("size(self.metadata.name) <= 50").message("metadata.name must be at most 50 characters: Castellan derives pod, Service, volume and Secret names from it (such as <name>-rw), and those must stay within Kubernetes' 63-character limit").reason(Reason::FieldValueInvalid),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must start with a lowercase letter and hold only lowercase letters, digits and '-': Services named after it must be DNS labels"),
+)]
+#[x_kube(
+    validation = Rule::new("self.engine == 'postgresql'").message("engine 'mariadb' is planned but not supported by this version of Castellan; use engine: postgresql").reason(Reason::FieldValueForbidden).field_path(".engine"),
+    validation = Rule::new("self.engine != 'postgresql' || self.version in ['15', '16', '17', '18']").message(Message::Expression("'unsupported PostgreSQL version \"' + self.version + '\": supported major versions are 15, 16, 17 and 18'".into())).reason(Reason::FieldValueInvalid).field_path(".version"),
+    validation = Rule::new("!(self.version in ['15', '16', '17', '18']) || !(oldSelf.version in ['15', '16', '17', '18']) || int(self.version) >= int(oldSelf.version)").message(Message::Expression("'version cannot be lowered from ' + oldSelf.version + ' to ' + self.version + ': downgrading a database in place is not possible; restore a backup into a new cluster instead'".into())).reason(Reason::FieldValueForbidden).field_path(".version"),
+    validation = Rule::new("!has(self.replication) || self.replication.mode != 'sync' || (has(self.replication.syncReplicas) && self.replication.syncReplicas < self.replicas)").message("with replication.mode sync, replication.syncReplicas is required and must be fewer than replicas: each synchronous standby is one of the replicas other than the primary").field_path(".replication.syncReplicas"),
+    validation = Rule::new("!has(self.replication) || self.replication.mode == 'sync' || !has(self.replication.syncReplicas)").message("replication.syncReplicas only applies with replication.mode sync").field_path(".replication.syncReplicas"),
+    validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap cannot be changed after the cluster is created: it only says how the first instance was made").reason(Reason::FieldValueForbidden).field_path(".bootstrap"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClusterSpec {
+    /// The database engine. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("engine is immutable: create a new cluster to change engines").reason(Reason::FieldValueForbidden))]
+    pub engine: Engine,
+
+    /// The engine's major version, such as "17". May be raised (a major upgrade), never
+    /// lowered.
+    #[schemars(length(min = 1, max = 8))]
+    pub version: String,
+
+    /// Number of instances: one primary and `replicas - 1` streaming replicas.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 9))]
+    pub replicas: i32,
+
+    /// The volume each instance keeps its data on.
+    pub storage: Storage,
+
+    /// How replicas follow the primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<Replication>,
+
+    /// Database server parameters (`postgresql.conf` settings). Settings Castellan owns
+    /// (ports, listen addresses, replication and archiving) are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 128, "additionalProperties" = {"type": "string", "maxLength": 1024}))]
+    #[x_kube(validation = Rule::new("self.all(name, !(name.lowerAscii() in ['archive_cleanup_command', 'archive_command', 'archive_library', 'archive_mode', 'archive_timeout', 'cluster_name', 'config_file', 'data_directory', 'external_pid_file', 'full_page_writes', 'hba_file', 'hot_standby', 'ident_file', 'listen_addresses', 'max_replication_slots', 'max_wal_senders', 'port', 'primary_conninfo', 'primary_slot_name', 'promote_trigger_file', 'recovery_target', 'recovery_target_lsn', 'recovery_target_time', 'restore_command', 'ssl', 'synchronous_standby_names', 'unix_socket_directories', 'wal_level', 'wal_log_hints', 'wal_sender_timeout']))").message("parameters cannot set what Castellan manages: archive_*, cluster_name, config_file, data_directory, external_pid_file, full_page_writes, hba_file, hot_standby, ident_file, listen_addresses, max_replication_slots, max_wal_senders, port, primary_conninfo, primary_slot_name, promote_trigger_file, recovery_target*, restore_command, ssl, synchronous_standby_names, unix_socket_directories, wal_level, wal_log_hints, wal_sender_timeout").reason(Reason::FieldValueForbidden))]
+    pub parameters: BTreeMap<String, String>,
+
+    /// Compute resources of each instance's database container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// How the first instance gets its data. Without it: an empty database made by
+    /// initdb with the defaults below. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<Bootstrap>,
+
+    /// Where base backups and archived WAL go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupTarget>,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// A database engine.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// PostgreSQL.
+    Postgresql,
+    /// MariaDB (reserved: not supported yet).
+    Mariadb,
+}
+
+/// Each instance's volume.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(oldSelf.storageClassName) || (has(self.storageClassName) && self.storageClassName == oldSelf.storageClassName)").message("storage.storageClassName cannot be changed once set: existing volumes cannot move between storage classes").reason(Reason::FieldValueForbidden).field_path(".storageClassName"))]
+pub struct Storage {
+    /// Size of each instance's volume, such as `10Gi`. May grow, never shrink.
+    #[schemars(schema_with = "quantity_schema")]
+    #[x_kube(
+        validation = Rule::new("isQuantity(self)").message("storage.size must be a Kubernetes quantity such as 10Gi or 500M"),
+        validation = Rule::new("!isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))").message("storage.size must be greater than zero"),
+        validation = Rule::new("!isQuantity(self) || !isQuantity(oldSelf) || quantity(self).compareTo(quantity(oldSelf)) >= 0").message(Message::Expression("'storage.size cannot shrink from ' + oldSelf + ' to ' + self + ': volumes can only grow'".into())).reason(Reason::FieldValueForbidden),
+    )]
+    pub size: String,
+
+    /// StorageClass of the volumes (for example one a `StoragePool` publishes); the
+    /// cluster default when absent. Immutable once set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+}
+
+/// Streaming replication settings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Replication {
+    /// `async`: commits return without waiting for replicas. `sync`: a commit returns
+    /// once `syncReplicas` replicas (any of them, a quorum) have it.
+    #[serde(default)]
+    pub mode: ReplicationMode,
+
+    /// With `mode: sync`, how many replicas must confirm each commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("replication.syncReplicas must be at least 1"))]
+    pub sync_replicas: Option<i32>,
+}
+
+/// Asynchronous or quorum-synchronous streaming replication.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicationMode {
+    /// Commits do not wait for replicas.
+    #[default]
+    Async,
+    /// Commits wait for a quorum of replicas (`ANY n`).
+    Sync,
+}
+
+/// How the first instance gets its data: exactly one method.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.initdb) != has(self.recovery)").message("bootstrap must hold exactly one of initdb or recovery"))]
+pub struct Bootstrap {
+    /// Create an empty database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb: Option<Initdb>,
+    /// Restore a backup, optionally to a point in time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<Recovery>,
+}
+
+/// An empty database made by initdb, with an application database and its owner.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Initdb {
+    /// Name of the application database.
+    #[serde(default = "default_application_name")]
+    #[schemars(length(max = 63))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[a-z_][a-z0-9_]*$')").message("bootstrap.initdb.database must start with a lowercase letter or '_' and hold only lowercase letters, digits and '_'"),
+        validation = Rule::new("!(self in ['postgres', 'template0', 'template1'])").message("bootstrap.initdb.database cannot be one of PostgreSQL's own databases (postgres, template0, template1)"),
+    )]
+    pub database: String,
+
+    /// Role that owns the application database; its credentials go into the
+    /// `<cluster>-app` Secret.
+    #[serde(default = "default_application_name")]
+    #[schemars(length(max = 63))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[a-z_][a-z0-9_]*$')").message("bootstrap.initdb.owner must start with a lowercase letter or '_' and hold only lowercase letters, digits and '_'"),
+        validation = Rule::new("self != 'postgres' && !self.startsWith('pg_')").message("bootstrap.initdb.owner cannot be the superuser 'postgres' or a reserved pg_ role"),
+    )]
+    pub owner: String,
+}
+
+fn default_application_name() -> String {
+    "app".to_owned()
+}
+
+/// Restore from a `Backup` of this namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Recovery {
+    /// Name of the `Backup` to restore.
+    #[schemars(length(min = 1, max = 253))]
+    pub backup: String,
+
+    /// Replay archived WAL up to this moment (RFC 3339, such as
+    /// `2026-11-30T12:00:00Z`); without it, up to the end of the archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$') && timestamp(self) == timestamp(self)").message("bootstrap.recovery.targetTime must be an RFC 3339 timestamp such as 2026-11-30T12:00:00Z"))]
+    pub target_time: Option<String>,
+}
+
+/// An S3-compatible object store for base backups and WAL.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupTarget {
+    /// URL of the S3 endpoint, such as `https://s3.example.com:9000`.
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new("isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''").message("backup.endpoint must be an http:// or https:// URL, such as https://s3.example.com"))]
+    pub endpoint: String,
+
+    /// Bucket name.
+    #[schemars(length(min = 3, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9][a-z0-9.-]*[a-z0-9]$')").message("backup.bucket must be a valid S3 bucket name: 3 to 63 lowercase letters, digits, '.' and '-'"))]
+    pub bucket: String,
+
+    /// Prefix inside the bucket; defaults to `<namespace>/<cluster>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/')").message("backup.path is a prefix inside the bucket and must not start with '/'"))]
+    pub path: Option<String>,
+
+    /// Region to sign requests for; most S3-compatible stores accept any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub region: Option<String>,
+
+    /// The Secret (in the cluster's namespace) holding the access keys.
+    pub credentials: S3Credentials,
+
+    /// Which backups to keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+}
+
+/// Names the Secret and the keys in it that hold S3 credentials.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Credentials {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// Key holding the access key id.
+    #[serde(default = "default_access_key_id_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub access_key_id_key: String,
+    /// Key holding the secret access key.
+    #[serde(default = "default_secret_access_key_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_access_key_key: String,
+}
+
+fn default_access_key_id_key() -> String {
+    "accessKeyId".to_owned()
+}
+
+fn default_secret_access_key_key() -> String {
+    "secretAccessKey".to_owned()
+}
+
+/// What Castellan observed of a `DatabaseCluster`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClusterStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Progressing`, `Degraded` and others, per the Kubernetes conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// One word a person can read: `Creating`, `Ready`, `Scaling`, `Failing over`…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Pod name of the current primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+    /// Instances that are ready in their role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_instances: Option<i32>,
+    /// Every instance with its role, position and readiness.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceStatus>,
+    /// The engine version the instances run now (differs from the spec mid-upgrade).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The earliest moment the cluster can be restored to from its backups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_recoverability_point: Option<String>,
+    /// Name of the newest successful `Backup`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup: Option<String>,
+}
+
+/// One database instance as last observed.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// Pod name.
+    pub name: String,
+    /// Node the pod runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `primary` or `replica`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Current WAL position (write LSN on the primary, replay LSN on a replica).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lsn: Option<String>,
+    /// Replication lag behind the primary, in bytes of WAL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// Replication lag behind the primary, in seconds, from the primary's heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<f64>,
+    /// Accepting connections in its role.
+    #[serde(default)]
+    pub ready: bool,
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building and testing Castellan needs on a fresh Debian machine, and
+# fails loudly when something cannot be had. Safe to run again: it only installs
+# what is missing. Debian packages come from the release's own archive (pinned by it).
+set -euo pipefail
+
+need_debs=()
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+have_cmd openssl || need_debs+=(openssl)
+have_cmd curl || need_debs+=(curl)
+have_cmd setsid || need_debs+=(util-linux)
+
+if ((${#need_debs[@]})); then
+  [[ $(id -u) == 0 ]] || { echo "deps: need root to install ${need_debs[*]}" >&2; exit 1; }
+  echo "deps: installing Debian packages: ${need_debs[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_debs[@]}"
+fi
+
+for tool in go cargo rustc; do
+  have_cmd "$tool" || { echo "deps: $tool is required and not on PATH" >&2; exit 1; }
+done
+cargo fmt --version >/dev/null 2>&1 || { echo "deps: rustfmt is required (rustup component add rustfmt)" >&2; exit 1; }
+cargo clippy --version >/dev/null 2>&1 || { echo "deps: clippy is required (rustup component add clippy)" >&2; exit 1; }

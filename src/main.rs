@@ -1,0 +1,66 @@
+//! `castellan`: the one binary of Castellan. Its subcommands are the processes the
+//! architecture describes (operator, agent, instance manager) and the tools around
+//! them; this release has the API tooling only.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+/// Castellan runs stateful data services on Kubernetes by itself.
+#[derive(Parser)]
+#[command(name = "castellan", version = VERSION)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print every CustomResourceDefinition as YAML, or write one file each.
+    Crds {
+        /// Write `<group>_<plural>.yaml` files into this directory instead of printing.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+    /// Print the version of this binary and of the API it serves.
+    Version,
+}
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Crds { out_dir } => write_crds(out_dir),
+        Command::Version => {
+            println!(
+                "castellan {VERSION} (API {}/{})",
+                castellan_crds::GROUP,
+                castellan_crds::VERSION
+            );
+            Ok(())
+        }
+    }
+}
+
+fn write_crds(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    use castellan_crds::render;
+    let mut documents = Vec::new();
+    for crd in render::all() {
+        let name = render::file_name(&crd);
+        let yaml = render::to_yaml(&crd).with_context(|| format!("rendering {name}"))?;
+        match &out_dir {
+            Some(dir) => {
+                let path = dir.join(&name);
+                std::fs::write(&path, &yaml)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            None => documents.push(yaml),
+        }
+    }
+    if out_dir.is_none() {
+        print!("{}", documents.join("---\n"));
+    }
+    Ok(())
+}
