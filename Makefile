@@ -15,6 +15,9 @@ export CARGO_TERM_COLOR ?= never
 TEST_DEV_DIR := $(CURDIR)/.dev/test
 TEST_PORT_BASE := 26000
 
+# The crates whose tests make up the suite.
+PACKAGES := -p castellan -p castellan-crds -p castellan-actors
+
 .PHONY: help deps controlplane build up down crds check test
 
 help:
@@ -44,13 +47,13 @@ crds: deps
 
 check: deps
 	cargo fmt --all --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy $(PACKAGES) --all-targets -- -D warnings
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
 # this target starts and always stops, whatever the outcome.
 test: check controlplane
-	cargo test --workspace --lib --bins
+	cargo test $(PACKAGES) --lib --bins
 	@CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh down >/dev/null 2>&1 || true
 	@trap 'CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh down' EXIT; \
 	  CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh up; \
-	  CASTELLAN_KUBECONFIG=$(TEST_DEV_DIR)/kubeconfig cargo test --workspace --test '*'
+	  CASTELLAN_KUBECONFIG=$(TEST_DEV_DIR)/kubeconfig cargo test $(PACKAGES) --test '*'

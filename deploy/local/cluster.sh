@@ -227,6 +227,14 @@ stop() { # name
 down() {
   local name
   for name in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done
+  # Every process this cluster started names the state directory on its command line;
+  # one still alive after the stops above is a leak, and `down` says so loudly.
+  local left
+  left="$(pgrep -af -- "$dev/" || true)"
+  if [[ -n "$left" ]]; then
+    echo "$left" >&2
+    die "processes of the cluster in $dev are still running after down"
+  fi
   rm -rf "$dev"
   log "stopped; removed $dev"
 }

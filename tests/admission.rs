@@ -1,0 +1,594 @@
+//! Bad input is refused by the API server at admission, with a message that tells a
+//! person what to fix. Each case is a create, or an update of a valid object, sent to
+//! the real API server; the test checks it is refused and what the refusal says.
+
+mod support;
+
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use support::{TestNamespace, client};
+
+enum Kind {
+    DatabaseCluster,
+    StoragePool,
+    BlockDevice,
+    Backup,
+    BackupSchedule,
+}
+
+impl Kind {
+    fn resource(&self) -> (ApiResource, bool) {
+        use castellan_crds::*;
+        match self {
+            Kind::DatabaseCluster => (ApiResource::erase::<DatabaseCluster>(&()), true),
+            Kind::StoragePool => (ApiResource::erase::<StoragePool>(&()), false),
+            Kind::BlockDevice => (ApiResource::erase::<BlockDevice>(&()), false),
+            Kind::Backup => (ApiResource::erase::<Backup>(&()), true),
+            Kind::BackupSchedule => (ApiResource::erase::<BackupSchedule>(&()), true),
+        }
+    }
+
+    /// A valid spec, which each case breaks in one way.
+    fn valid_spec(&self) -> Value {
+        match self {
+            Kind::DatabaseCluster => json!({
+                "engine": "postgresql", "version": "16", "replicas": 3,
+                "storage": { "size": "1Gi", "storageClassName": "fast" },
+                "replication": { "mode": "sync", "syncReplicas": 1 },
+                "bootstrap": { "initdb": { "database": "app", "owner": "app" } },
+                "backup": {
+                    "endpoint": "https://s3.example.com", "bucket": "backups",
+                    "credentials": { "secretName": "s3" },
+                    "retention": { "keepLast": 3, "maxAge": "30d" }
+                }
+            }),
+            Kind::StoragePool => json!({
+                "devices": { "pathPattern": "^/dev/loop", "minSize": "1Gi",
+                             "nodes": [ { "name": "node-1", "paths": ["/dev/loop1"] } ] },
+                "layout": "raid1",
+                "storageClass": { "name": "pool-class", "reclaimPolicy": "Delete" }
+            }),
+            Kind::BlockDevice => json!({
+                "nodeName": "node-1", "path": "/dev/loop1", "sizeBytes": 1073741824,
+                "identity": "fsuuid:0b7c1f4e-3a43-4a4e-9b0e-0c4f5d1f7a21"
+            }),
+            Kind::Backup => json!({ "cluster": "orders" }),
+            Kind::BackupSchedule => json!({
+                "cluster": "orders", "schedule": "0 3 * * *", "retention": { "keepLast": 7 }
+            }),
+        }
+    }
+}
+
+enum Change {
+    /// Create an object whose spec is the valid one with this merge patch applied.
+    Create(Value),
+    /// Create with this object name instead of the default one.
+    CreateNamed(String),
+    /// Create the valid object, then apply this merge patch to it.
+    Update(Value),
+}
+
+struct Case {
+    what: &'static str,
+    kind: Kind,
+    change: Change,
+    /// Text the refusal must contain.
+    message: &'static str,
+}
+
+fn case(what: &'static str, kind: Kind, change: Change, message: &'static str) -> Case {
+    Case {
+        what,
+        kind,
+        change,
+        message,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    use Change::*;
+    use Kind::*;
+    vec![
+        case(
+            "zero replicas",
+            DatabaseCluster,
+            Create(json!({"replicas": 0})),
+            "should be greater than or equal to 1",
+        ),
+        case(
+            "ten replicas",
+            DatabaseCluster,
+            Create(json!({"replicas": 10})),
+            "should be less than or equal to 9",
+        ),
+        case(
+            "replicas not a number",
+            DatabaseCluster,
+            Create(json!({"replicas": "three"})),
+            "must be of type integer",
+        ),
+        case(
+            "unknown engine",
+            DatabaseCluster,
+            Create(json!({"engine": "mysql"})),
+            "supported values: \"postgresql\", \"mariadb\"",
+        ),
+        case(
+            "engine reserved for later",
+            DatabaseCluster,
+            Create(json!({"engine": "mariadb"})),
+            "engine 'mariadb' is planned but not supported",
+        ),
+        case(
+            "unsupported version",
+            DatabaseCluster,
+            Create(json!({"version": "14"})),
+            "unsupported PostgreSQL version \"14\": supported major versions are 15, 16, 17 and 18",
+        ),
+        case(
+            "minor version instead of major",
+            DatabaseCluster,
+            Create(json!({"version": "16.4"})),
+            "unsupported PostgreSQL version \"16.4\"",
+        ),
+        case(
+            "missing version",
+            DatabaseCluster,
+            Create(json!({"version": null})),
+            "spec.version: Required value",
+        ),
+        case(
+            "missing storage",
+            DatabaseCluster,
+            Create(json!({"storage": null})),
+            "spec.storage: Required value",
+        ),
+        case(
+            "zero size",
+            DatabaseCluster,
+            Create(json!({"storage": {"size": "0"}})),
+            "storage.size must be greater than zero",
+        ),
+        case(
+            "negative size",
+            DatabaseCluster,
+            Create(json!({"storage": {"size": "-1Gi"}})),
+            "storage.size must be greater than zero",
+        ),
+        case(
+            "malformed size",
+            DatabaseCluster,
+            Create(json!({"storage": {"size": "ten gigs"}})),
+            "storage.size must be a Kubernetes quantity",
+        ),
+        case(
+            "bootstrap with both methods",
+            DatabaseCluster,
+            Create(json!({"bootstrap": {"recovery": {"backup": "b1"}}})),
+            "bootstrap must hold exactly one of initdb or recovery",
+        ),
+        case(
+            "bootstrap with neither method",
+            DatabaseCluster,
+            Create(json!({"bootstrap": {"initdb": null}})),
+            "bootstrap must hold exactly one of initdb or recovery",
+        ),
+        case(
+            "sync without syncReplicas",
+            DatabaseCluster,
+            Create(json!({"replication": {"syncReplicas": null}})),
+            "syncReplicas is required and must be fewer than replicas",
+        ),
+        case(
+            "sync quorum as large as the cluster",
+            DatabaseCluster,
+            Create(json!({"replication": {"syncReplicas": 3}})),
+            "syncReplicas is required and must be fewer than replicas",
+        ),
+        case(
+            "sync on a single instance",
+            DatabaseCluster,
+            Create(json!({"replicas": 1})),
+            "syncReplicas is required and must be fewer than replicas",
+        ),
+        case(
+            "syncReplicas with async",
+            DatabaseCluster,
+            Create(json!({"replication": {"mode": "async"}})),
+            "syncReplicas only applies with replication.mode sync",
+        ),
+        case(
+            "zero syncReplicas",
+            DatabaseCluster,
+            Create(json!({"replication": {"syncReplicas": 0}})),
+            "replication.syncReplicas must be at least 1",
+        ),
+        case(
+            "unknown replication mode",
+            DatabaseCluster,
+            Create(json!({"replication": {"mode": "semi"}})),
+            "supported values: \"async\", \"sync\"",
+        ),
+        case(
+            "owned parameter",
+            DatabaseCluster,
+            Create(json!({"parameters": {"port": "5433"}})),
+            "parameters cannot set what Castellan manages",
+        ),
+        case(
+            "owned parameter in capitals",
+            DatabaseCluster,
+            Create(json!({"parameters": {"Listen_Addresses": "*"}})),
+            "parameters cannot set what Castellan manages",
+        ),
+        case(
+            "parameter value not a string",
+            DatabaseCluster,
+            Create(json!({"parameters": {"max_connections": 200}})),
+            "must be of type string",
+        ),
+        case(
+            "recovery target not a timestamp",
+            DatabaseCluster,
+            Create(
+                json!({"bootstrap": {"initdb": null, "recovery": {"backup": "b1", "targetTime": "yesterday"}}}),
+            ),
+            "targetTime must be an RFC 3339 timestamp",
+        ),
+        case(
+            "recovery target without a zone",
+            DatabaseCluster,
+            Create(
+                json!({"bootstrap": {"initdb": null, "recovery": {"backup": "b1", "targetTime": "2026-11-30 12:00:00"}}}),
+            ),
+            "targetTime must be an RFC 3339 timestamp",
+        ),
+        case(
+            "name too long for derived names",
+            DatabaseCluster,
+            CreateNamed("a".repeat(51)),
+            "metadata.name must be at most 50 characters",
+        ),
+        case(
+            "name not a DNS label",
+            DatabaseCluster,
+            CreateNamed("db.orders".into()),
+            "metadata.name must start with a lowercase letter",
+        ),
+        case(
+            "endpoint without scheme",
+            DatabaseCluster,
+            Create(json!({"backup": {"endpoint": "s3.example.com"}})),
+            "backup.endpoint must be an http:// or https:// URL",
+        ),
+        case(
+            "bad bucket name",
+            DatabaseCluster,
+            Create(json!({"backup": {"bucket": "My_Bucket"}})),
+            "backup.bucket must be a valid S3 bucket name",
+        ),
+        case(
+            "retention keepLast zero",
+            DatabaseCluster,
+            Create(json!({"backup": {"retention": {"keepLast": 0}}})),
+            "retention.keepLast must be at least 1",
+        ),
+        case(
+            "retention maxAge in words",
+            DatabaseCluster,
+            Create(json!({"backup": {"retention": {"maxAge": "30 days"}}})),
+            "retention.maxAge must be a whole number of hours, days or weeks",
+        ),
+        case(
+            "owner is the superuser",
+            DatabaseCluster,
+            Create(json!({"bootstrap": {"initdb": {"owner": "postgres"}}})),
+            "cannot be the superuser 'postgres'",
+        ),
+        case(
+            "engine changed",
+            DatabaseCluster,
+            Update(json!({"engine": "mariadb"})),
+            "engine is immutable",
+        ),
+        case(
+            "version lowered",
+            DatabaseCluster,
+            Update(json!({"version": "15"})),
+            "version cannot be lowered from 16 to 15",
+        ),
+        case(
+            "storage shrunk",
+            DatabaseCluster,
+            Update(json!({"storage": {"size": "512Mi"}})),
+            "storage.size cannot shrink from 1Gi to 512Mi",
+        ),
+        case(
+            "storage class changed",
+            DatabaseCluster,
+            Update(json!({"storage": {"storageClassName": "slow"}})),
+            "storage.storageClassName cannot be changed once set",
+        ),
+        case(
+            "storage class removed",
+            DatabaseCluster,
+            Update(json!({"storage": {"storageClassName": null}})),
+            "storage.storageClassName cannot be changed once set",
+        ),
+        case(
+            "bootstrap changed",
+            DatabaseCluster,
+            Update(json!({"bootstrap": {"initdb": {"database": "other"}}})),
+            "bootstrap cannot be changed after the cluster is created",
+        ),
+        case(
+            "unknown layout",
+            StoragePool,
+            Create(json!({"layout": "raid5"})),
+            "supported values: \"single\", \"raid1\", \"raid10\"",
+        ),
+        case(
+            "missing storage class",
+            StoragePool,
+            Create(json!({"storageClass": null})),
+            "spec.storageClass: Required value",
+        ),
+        case(
+            "unknown reclaim policy",
+            StoragePool,
+            Create(json!({"storageClass": {"reclaimPolicy": "Recycle"}})),
+            "supported values: \"Delete\", \"Retain\"",
+        ),
+        case(
+            "zero minimum disk size",
+            StoragePool,
+            Create(json!({"devices": {"minSize": "0"}})),
+            "devices.minSize must be greater than zero",
+        ),
+        case(
+            "device path outside /dev",
+            StoragePool,
+            Create(json!({"devices": {"nodes": [{"name": "node-1", "paths": ["sdb"]}]}})),
+            "paths must be device paths under /dev/",
+        ),
+        case(
+            "node listed twice",
+            StoragePool,
+            Create(
+                json!({"devices": {"nodes": [{"name": "node-1", "paths": ["/dev/sdb"]}, {"name": "node-1", "paths": ["/dev/sdc"]}]}}),
+            ),
+            "Duplicate value",
+        ),
+        case(
+            "storage class name not DNS",
+            StoragePool,
+            Create(json!({"storageClass": {"name": "Fast_Disks"}})),
+            "storageClass.name must be a DNS subdomain",
+        ),
+        case(
+            "layout changed",
+            StoragePool,
+            Update(json!({"layout": "single"})),
+            "layout cannot be changed after the pool is created",
+        ),
+        case(
+            "pool's storage class renamed",
+            StoragePool,
+            Update(json!({"storageClass": {"name": "other-class"}})),
+            "storageClass.name cannot be changed",
+        ),
+        case(
+            "reclaim policy changed",
+            StoragePool,
+            Update(json!({"storageClass": {"reclaimPolicy": "Retain"}})),
+            "storageClass.reclaimPolicy cannot be changed",
+        ),
+        case(
+            "disk moved to another node",
+            BlockDevice,
+            Update(json!({"nodeName": "node-2"})),
+            "nodeName is immutable",
+        ),
+        case(
+            "negative disk size",
+            BlockDevice,
+            Create(json!({"sizeBytes": -1})),
+            "should be greater than or equal to 0",
+        ),
+        case(
+            "backup without cluster",
+            Backup,
+            Create(json!({"cluster": null})),
+            "spec.cluster: Required value",
+        ),
+        case(
+            "backup spec changed",
+            Backup,
+            Update(json!({"cluster": "other"})),
+            "a Backup's spec cannot be changed after it is created",
+        ),
+        case(
+            "unknown backup method",
+            Backup,
+            Create(json!({"method": "snapshot"})),
+            "supported values: \"objectStore\"",
+        ),
+        case(
+            "schedule without cron",
+            BackupSchedule,
+            Create(json!({"schedule": null})),
+            "spec.schedule: Required value",
+        ),
+        case(
+            "schedule keeping nothing",
+            BackupSchedule,
+            Create(json!({"retention": {"keepLast": 0}})),
+            "retention.keepLast must be at least 1",
+        ),
+        case(
+            "schedule name too long",
+            BackupSchedule,
+            CreateNamed("s".repeat(49)),
+            "metadata.name must be at most 48 characters",
+        ),
+    ]
+}
+
+/// RFC 7386 merge: `null` removes a key, objects merge, anything else replaces.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(target), Value::Object(patch)) => {
+            for (key, value) in patch {
+                if value.is_null() {
+                    target.remove(key);
+                } else {
+                    merge(target.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        (target, patch) => *target = patch.clone(),
+    }
+}
+
+fn object(resource: &ApiResource, name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
+        "metadata": { "name": name },
+        "spec": spec,
+    }))
+    .expect("a well-formed object")
+}
+
+/// Runs one case; returns the refusal's message, or a description of what went wrong.
+async fn refusal(
+    client: &Client,
+    namespace: &str,
+    index: usize,
+    case: &Case,
+) -> Result<String, String> {
+    let (resource, namespaced) = case.kind.resource();
+    let api: Api<DynamicObject> = if namespaced {
+        Api::namespaced_with(client.clone(), namespace, &resource)
+    } else {
+        Api::all_with(client.clone(), &resource)
+    };
+    let name = format!("case-{index}-{}", std::process::id());
+    let spec = case.kind.valid_spec();
+    let outcome = match &case.change {
+        Change::Create(patch) => {
+            let mut spec = spec;
+            merge(&mut spec, patch);
+            api.create(&PostParams::default(), &object(&resource, &name, spec))
+                .await
+        }
+        Change::CreateNamed(other) => {
+            api.create(&PostParams::default(), &object(&resource, other, spec))
+                .await
+        }
+        Change::Update(patch) => {
+            api.create(&PostParams::default(), &object(&resource, &name, spec))
+                .await
+                .map_err(|e| format!("creating the valid object to update: {e}"))?;
+            let outcome = api
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "spec": patch })),
+                )
+                .await;
+            let _ = api.delete(&name, &Default::default()).await;
+            outcome
+        }
+    };
+    match outcome {
+        Ok(accepted) => {
+            let accepted_name = accepted.metadata.name.clone().unwrap_or_default();
+            let _ = api.delete(&accepted_name, &Default::default()).await;
+            Err(format!(
+                "was accepted: {}",
+                serde_json::to_string(&accepted.data).unwrap_or_default()
+            ))
+        }
+        // 422 Invalid for schema and CEL rules; 400 BadRequest for strict field
+        // validation (unknown fields).
+        Err(kube::Error::Api(status)) if status.code == 422 || status.code == 400 => {
+            Ok(status.message)
+        }
+        Err(other) => Err(format!("failed in another way: {other}")),
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_readable_message() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "admission").await;
+    let cases = cases();
+    assert!(cases.len() >= 25, "the issue asks for at least 25 cases");
+
+    let mut failures = Vec::new();
+    for (index, case) in cases.iter().enumerate() {
+        match refusal(&client, &namespace.name, index, case).await {
+            Ok(message) if message.contains(case.message) => {}
+            Ok(message) => failures.push(format!(
+                "{}: refused, but the message lacks {:?}: {message}",
+                case.what, case.message
+            )),
+            Err(problem) => failures.push(format!("{}: {problem}", case.what)),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+/// The valid objects the cases start from are accepted, so every refusal above is
+/// caused by the one change each case makes.
+#[tokio::test]
+async fn the_valid_objects_are_accepted() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "admission-valid").await;
+    for kind in [
+        Kind::DatabaseCluster,
+        Kind::StoragePool,
+        Kind::BlockDevice,
+        Kind::Backup,
+        Kind::BackupSchedule,
+    ] {
+        let (resource, namespaced) = kind.resource();
+        let api: Api<DynamicObject> = if namespaced {
+            Api::namespaced_with(client.clone(), &namespace.name, &resource)
+        } else {
+            Api::all_with(client.clone(), &resource)
+        };
+        let name = format!("valid-{}", std::process::id());
+        api.create(
+            &PostParams::default(),
+            &object(&resource, &name, kind.valid_spec()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the valid {} is accepted: {e}", resource.kind));
+        // Growing and upgrading are allowed, unlike shrinking and downgrading.
+        if let Kind::DatabaseCluster = kind {
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"version": "17", "replicas": 5, "storage": {"size": "2Gi"}}}),
+                ),
+            )
+            .await
+            .expect("raising version, replicas and size is accepted");
+        }
+        api.delete(&name, &Default::default())
+            .await
+            .expect("deleting the valid object");
+    }
+}

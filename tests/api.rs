@@ -1,0 +1,164 @@
+//! The API as a user meets it: the CRDs are installed and Established, the examples
+//! in `deploy/examples/` are accepted, and `kubectl get castellan` lists every kind
+//! with its printer columns.
+
+mod support;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+
+use support::{TestNamespace, client, kubectl, kubectl_ok, repo};
+
+#[tokio::test]
+async fn every_crd_is_installed_and_established() {
+    let crds: Api<CustomResourceDefinition> = Api::all(client().await);
+    for expected in castellan_crds::render::all() {
+        let name = expected
+            .metadata
+            .name
+            .clone()
+            .expect("generated CRDs are named");
+        let installed = crds
+            .get(&name)
+            .await
+            .unwrap_or_else(|e| panic!("getting CRD {name}: {e}"));
+        let established = installed
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        assert!(established, "CRD {name} is Established");
+        // The API server fills in defaults (the conversion strategy, listKind), so
+        // compare what the types generate: names, scope and every version's schema.
+        let mut names = installed.spec.names.clone();
+        names.list_kind = expected.spec.names.list_kind.clone();
+        assert!(
+            names == expected.spec.names
+                && installed.spec.scope == expected.spec.scope
+                && installed.spec.versions == expected.spec.versions,
+            "the installed {name} is not the one generated from the types: run `make crds` and reinstall"
+        );
+    }
+}
+
+#[tokio::test]
+async fn examples_are_accepted_and_listed_by_category() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "examples").await;
+    let ns = namespace.name.as_str();
+    let examples = repo().join("deploy/examples");
+    let examples = examples.to_str().expect("repository path is UTF-8");
+
+    // The StoragePool is cluster-scoped: give it a name only this test uses.
+    let pool_yaml = std::fs::read_to_string(repo().join("deploy/examples/storagepool.yaml"))
+        .expect("reading the StoragePool example");
+    let pool_name = format!("example-{}", std::process::id());
+    let pool_yaml = pool_yaml.replace("name: fast", &format!("name: {pool_name}"));
+    let pool_file = std::env::temp_dir().join(format!("{pool_name}.yaml"));
+    std::fs::write(&pool_file, pool_yaml).expect("writing the renamed example");
+    let pool_file = pool_file.to_str().expect("temp path is UTF-8");
+
+    kubectl_ok(&["apply", "--dry-run=server", "-f", examples, "-n", ns]);
+    for file in ["databasecluster", "backup", "backupschedule"] {
+        kubectl_ok(&["apply", "-f", &format!("{examples}/{file}.yaml"), "-n", ns]);
+    }
+    kubectl_ok(&["apply", "-f", pool_file]);
+
+    let listing = kubectl_ok(&["get", "castellan", "-n", ns]);
+    for expected in [
+        "databasecluster.castellan.io/orders",
+        "backup.castellan.io/orders-manual-1",
+        "backupschedule.castellan.io/orders-nightly",
+        &format!("storagepool.castellan.io/{pool_name}"),
+    ] {
+        assert!(
+            listing.contains(expected),
+            "`kubectl get castellan` lists {expected}:\n{listing}"
+        );
+    }
+
+    let clusters = kubectl_ok(&["get", "dbc", "-n", ns]);
+    let header = clusters.lines().next().unwrap_or_default();
+    for column in [
+        "NAME", "ENGINE", "VERSION", "REPLICAS", "READY", "PRIMARY", "PHASE", "AGE",
+    ] {
+        assert!(
+            header.contains(column),
+            "DatabaseCluster printer columns include {column}: {header}"
+        );
+    }
+    let row = clusters.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.starts_with("orders") && row.contains("postgresql") && row.contains("17"),
+        "the example cluster's row shows its engine and version: {row}"
+    );
+
+    let pools = kubectl_ok(&["get", "sp", &pool_name]);
+    let header = pools.lines().next().unwrap_or_default();
+    for column in ["LAYOUT", "STORAGECLASS", "CAPACITY", "PHASE"] {
+        assert!(
+            header.contains(column),
+            "StoragePool printer columns include {column}: {header}"
+        );
+    }
+    assert!(
+        pools.contains("raid1") && pools.contains("castellan-raid1"),
+        "{pools}"
+    );
+
+    let schedules = kubectl_ok(&["get", "cbs", "-n", ns]);
+    assert!(
+        schedules.contains("0 3 * * *"),
+        "the schedule column shows the cron: {schedules}"
+    );
+    let backups = kubectl_ok(&["get", "cbk", "-n", ns]);
+    assert!(
+        backups.contains("objectStore"),
+        "the method default is applied: {backups}"
+    );
+
+    // Defaults land where a user reads them back.
+    let replicas = kubectl_ok(&[
+        "get",
+        "dbc",
+        "orders",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.spec.backup.credentials.accessKeyIdKey}",
+    ]);
+    assert_eq!(replicas, "accessKeyId");
+
+    let deleted = kubectl(&["delete", "-f", pool_file]);
+    assert!(deleted.status.success(), "deleting the example pool");
+}
+
+/// A typo in a field name is refused, not silently dropped: kubectl's strict field
+/// validation meets a schema without `x-kubernetes-preserve-unknown-fields`.
+#[tokio::test]
+async fn a_misspelled_field_is_refused() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "typo").await;
+    let manifest = std::env::temp_dir().join(format!("typo-{}.yaml", std::process::id()));
+    std::fs::write(
+        &manifest,
+        "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {name: typo}\n\
+         spec: {engine: postgresql, version: \"17\", replica: 3, storage: {size: 1Gi}}\n",
+    )
+    .expect("writing the manifest");
+    let manifest = manifest.to_str().expect("temp path is UTF-8");
+    for mode in ["--server-side=false", "--server-side=true"] {
+        let output = kubectl(&["apply", mode, "-f", manifest, "-n", &namespace.name]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "kubectl apply {mode} refuses spec.replica"
+        );
+        assert!(
+            stderr.contains("replica")
+                && (stderr.contains("unknown field") || stderr.contains("not declared in schema")),
+            "kubectl apply {mode} names the misspelled field: {stderr}"
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! What the end-to-end tests share: a client for the local cluster `make test`
+//! started, kubectl, and throwaway namespaces.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// The kubeconfig of the cluster under test. Tests fail, loudly, without one: a suite
+/// that silently skips its cluster tests would report green having tested nothing.
+pub fn kubeconfig_path() -> PathBuf {
+    match std::env::var_os("CASTELLAN_KUBECONFIG") {
+        Some(path) => PathBuf::from(path),
+        None => panic!(
+            "CASTELLAN_KUBECONFIG is not set: run the end-to-end tests with `make test`, \
+             or point it at a cluster started with `make up` (.dev/kubeconfig)"
+        ),
+    }
+}
+
+pub async fn client() -> Client {
+    let path = kubeconfig_path();
+    let kubeconfig = Kubeconfig::read_from(&path)
+        .unwrap_or_else(|e| panic!("reading kubeconfig {}: {e}", path.display()));
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("loading kubeconfig {}: {e}", path.display()));
+    Client::try_from(config).expect("building a client for the test cluster")
+}
+
+/// The repository root (the tests' working directory is the package root, which is
+/// the repository root for this package).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs kubectl (the one `make up` built, at the control plane's version) against the
+/// test cluster.
+pub fn kubectl(args: &[&str]) -> Output {
+    let kubeconfig = kubeconfig_path();
+    let kubectl = kubeconfig
+        .parent()
+        .map(|dir| dir.join("bin/kubectl"))
+        .filter(|path| path.exists())
+        .unwrap_or_else(|| PathBuf::from("kubectl"));
+    Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", kubectl.display()))
+}
+
+/// Runs kubectl and returns its stdout, failing the test with stderr if it failed.
+pub fn kubectl_ok(args: &[&str]) -> String {
+    let output = kubectl(args);
+    assert!(
+        output.status.success(),
+        "kubectl {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A namespace that lives as long as the value. Deletion is requested on drop and not
+/// awaited: namespaces finish deleting in the background.
+pub struct TestNamespace {
+    pub name: String,
+}
+
+impl TestNamespace {
+    pub async fn create(client: &Client, prefix: &str) -> Self {
+        let api: Api<Namespace> = Api::all(client.clone());
+        let name = format!("{prefix}-{}", std::process::id());
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "labels": { "castellan.io/test": "true" } }
+        }))
+        .expect("a namespace object");
+        api.create(&PostParams::default(), &namespace)
+            .await
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        Self { name }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+pub async fn delete_all<K>(api: &Api<K>)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let _ = api
+        .delete_collection(&DeleteParams::default(), &Default::default())
+        .await;
+}
