@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod instance;
+
 /// Castellan runs stateful data services on Kubernetes by itself.
 #[derive(Parser)]
 #[command(name = "castellan", version = VERSION)]
@@ -26,12 +28,20 @@ enum Command {
     },
     /// Print the version of this binary and of the API it serves.
     Version,
+    /// Run the instance manager: PID 1 of a database pod.
+    Instance(Box<instance::InstanceArgs>),
 }
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Instance(args) => {
+            init_logging();
+            tokio::runtime::Runtime::new()
+                .context("starting the async runtime")?
+                .block_on(instance::run(*args))
+        }
         Command::Crds { out_dir } => write_crds(out_dir),
         Command::Version => {
             println!(
@@ -63,4 +73,15 @@ fn write_crds(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
         print!("{}", documents.join("---\n"));
     }
     Ok(())
+}
+
+/// Structured (JSON) logs on stderr; `RUST_LOG` filters them (default `info`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -9,6 +9,13 @@ have_cmd() { command -v "$1" >/dev/null 2>&1; }
 have_cmd openssl || need_debs+=(openssl)
 have_cmd curl || need_debs+=(curl)
 have_cmd setsid || need_debs+=(util-linux)
+# The node agent probes and builds pools with these; its tests make loop-device disks
+# with GPTs (sfdisk) and ext4 filesystems.
+have_cmd mkfs.btrfs || need_debs+=(btrfs-progs)
+have_cmd sfdisk || need_debs+=(fdisk)
+have_cmd mkfs.ext4 || need_debs+=(e2fsprogs)
+# The PostgreSQL server the instance manager runs (Debian 12 ships major 15).
+[[ -x /usr/lib/postgresql/15/bin/postgres ]] || need_debs+=(postgresql-15)
 
 if ((${#need_debs[@]})); then
   [[ $(id -u) == 0 ]] || { echo "deps: need root to install ${need_debs[*]}" >&2; exit 1; }

@@ -1,0 +1,153 @@
+//! The instance manager's HTTP API, which the operator drives it with:
+//!
+//! - `GET /healthz`: the manager is alive.
+//! - `GET /readyz`: the server accepts connections in its role (200) or not (503).
+//! - `GET /status`: role, timeline, WAL positions, lag, standbys (JSON).
+//! - `POST /promote`, `POST /demote` (`{"host", "port"}` of the new primary),
+//!   `POST /restart`, `POST /reload` (`{"parameters", "synchronousStandbyNames"}`).
+//!
+//! Handlers only read state or queue a request for the supervisor: they never start or
+//! stop the server themselves.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+use super::config::{self, Role, Upstream};
+use super::{Request, Shared, database, role_name};
+
+type Response = (StatusCode, Json<Value>);
+
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/status", get(status))
+        .route("/promote", post(promote))
+        .route("/demote", post(demote))
+        .route("/restart", post(restart))
+        .route("/reload", post(reload))
+        .with_state(shared);
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::error!(%error, "the instance API stopped serving");
+    }
+}
+
+/// The server's status, and whether it is ready in the role it should have.
+async fn observe(shared: &Shared) -> (bool, Value) {
+    let role = shared.role.borrow().clone();
+    let observed =
+        tokio::time::timeout(Duration::from_secs(3), database::status(&shared.pool)).await;
+    match observed {
+        Ok(Ok(status)) => {
+            let ready = match role {
+                Role::Primary => !status.in_recovery,
+                Role::Replica(_) => status.in_recovery,
+            };
+            let mut body = serde_json::to_value(&status).unwrap_or_default();
+            body["instance"] = json!(shared.instance_name);
+            body["role"] = json!(role_name(&role));
+            body["ready"] = json!(ready);
+            (ready, body)
+        }
+        Ok(Err(error)) => (
+            false,
+            json!({"instance": shared.instance_name, "role": role_name(&role), "ready": false, "error": error.to_string()}),
+        ),
+        Err(_) => (
+            false,
+            json!({"instance": shared.instance_name, "role": role_name(&role), "ready": false, "error": "the server did not answer within 3s"}),
+        ),
+    }
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let (ready, body) = observe(&shared).await;
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body))
+}
+
+async fn status(State(shared): State<Arc<Shared>>) -> Response {
+    let (_, body) = observe(&shared).await;
+    (StatusCode::OK, Json(body))
+}
+
+async fn submit(shared: &Shared, request: Request) -> Response {
+    let (reply, outcome) = oneshot::channel();
+    if shared.requests.send((request, reply)).await.is_err() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": "the instance manager is shutting down"})),
+        );
+    }
+    match outcome.await {
+        Ok(Ok(body)) => (StatusCode::OK, Json(body)),
+        Ok(Err(error)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": error})),
+        ),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": "the request was dropped"})),
+        ),
+    }
+}
+
+async fn promote(State(shared): State<Arc<Shared>>) -> Response {
+    submit(&shared, Request::Promote).await
+}
+
+#[derive(Deserialize)]
+struct DemoteBody {
+    host: String,
+    #[serde(default = "default_port")]
+    port: u16,
+}
+
+fn default_port() -> u16 {
+    5432
+}
+
+async fn demote(State(shared): State<Arc<Shared>>, Json(body): Json<DemoteBody>) -> Response {
+    let upstream = Upstream {
+        host: body.host,
+        port: body.port,
+        slot: config::slot_name(&shared.instance_name),
+    };
+    submit(&shared, Request::Demote(upstream)).await
+}
+
+async fn restart(State(shared): State<Arc<Shared>>) -> Response {
+    submit(&shared, Request::Restart).await
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReloadBody {
+    parameters: Option<BTreeMap<String, String>>,
+    synchronous_standby_names: Option<String>,
+}
+
+async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadBody>) -> Response {
+    submit(
+        &shared,
+        Request::Reload {
+            parameters: body.parameters,
+            synchronous_standby_names: body.synchronous_standby_names,
+        },
+    )
+    .await
+}

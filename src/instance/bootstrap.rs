@@ -1,0 +1,272 @@
+//! Making a data directory: `initdb` for a cluster's first instance, a base backup of
+//! the current primary for every other, and the files Castellan owns inside it
+//! (`castellan.conf`, `pg_hba.conf`, `standby.signal`). Runs PostgreSQL's own programs.
+
+use std::path::{Path, PathBuf};
+
+use tokio::process::Command;
+
+use super::config::{self, REPLICATION_USER, Role, Upstream};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("running {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{program} failed ({status}): {stderr}")]
+    Failed {
+        program: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+}
+
+/// Locates PostgreSQL's programs: in `bin_dir` when given, else on `PATH`.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    pub bin_dir: Option<PathBuf>,
+}
+
+impl Binaries {
+    pub fn program(&self, name: &str) -> PathBuf {
+        match &self.bin_dir {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
+        }
+    }
+
+    /// Runs a PostgreSQL program to completion, returning its stdout.
+    pub async fn run(
+        &self,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Result<String, BootstrapError> {
+        let program = self.program(name);
+        let mut command = Command::new(&program);
+        command.args(args).kill_on_drop(true);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let output = command
+            .output()
+            .await
+            .map_err(|source| BootstrapError::Spawn {
+                program: program.display().to_string(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(BootstrapError::Failed {
+                program: name.to_owned(),
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BootstrapError {
+    let path = path.to_path_buf();
+    move |source| BootstrapError::Io { what, path, source }
+}
+
+/// Writes a file readable by the instance's user only.
+pub async fn write_private(path: &Path, contents: &str) -> Result<(), BootstrapError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true).mode(0o600);
+    let path_buf = path.to_path_buf();
+    let contents = contents.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut file = options.open(&path_buf)?;
+        file.write_all(contents.as_bytes())
+    })
+    .await
+    .map_err(|join| BootstrapError::Io {
+        what: "writing",
+        path: path.to_path_buf(),
+        source: std::io::Error::other(join),
+    })?
+    .map_err(io("writing", path))
+}
+
+/// Whether `data_dir` already holds a cluster (then nothing is bootstrapped: a pod that
+/// restarts on its volume keeps its data).
+pub fn initialised(data_dir: &Path) -> bool {
+    data_dir.join("PG_VERSION").exists()
+}
+
+/// Creates an empty cluster with data checksums (pg_rewind and upgrades rely on them)
+/// and the superuser password from `superuser_password_file`.
+pub async fn initdb(
+    binaries: &Binaries,
+    data_dir: &Path,
+    superuser_password_file: &Path,
+) -> Result<(), BootstrapError> {
+    let data = data_dir.to_string_lossy();
+    let pwfile = superuser_password_file.to_string_lossy();
+    binaries
+        .run(
+            "initdb",
+            &[
+                "--pgdata",
+                &data,
+                "--username",
+                "postgres",
+                "--pwfile",
+                &pwfile,
+                "--auth-local",
+                "trust",
+                "--auth-host",
+                "scram-sha-256",
+                "--data-checksums",
+                "--encoding",
+                "UTF8",
+                "--locale",
+                "C",
+            ],
+            &[],
+        )
+        .await?;
+    include_castellan_conf(data_dir).await
+}
+
+/// Copies the current primary with `pg_basebackup`, streaming the WAL it needs, and
+/// creates this replica's slot on the primary so WAL is kept for it from then on.
+pub async fn base_backup(
+    binaries: &Binaries,
+    data_dir: &Path,
+    upstream: &Upstream,
+    passfile: &Path,
+) -> Result<(), BootstrapError> {
+    let data = data_dir.to_string_lossy();
+    let port = upstream.port.to_string();
+    let common = [
+        "--pgdata",
+        &*data,
+        "--host",
+        &upstream.host,
+        "--port",
+        &port,
+        "--username",
+        REPLICATION_USER,
+        "--wal-method",
+        "stream",
+        "--checkpoint",
+        "fast",
+        "--no-password",
+        "--slot",
+        &upstream.slot,
+    ];
+    let mut with_create = common.to_vec();
+    with_create.push("--create-slot");
+    let env = [("PGPASSFILE", passfile)];
+    match binaries.run("pg_basebackup", &with_create, &env).await {
+        Ok(_) => {}
+        // A rebuilt replica finds its slot still there: reuse it.
+        Err(BootstrapError::Failed { stderr, .. }) if stderr.contains("already exists") => {
+            clear_dir(data_dir).await?;
+            binaries.run("pg_basebackup", &common, &env).await?;
+        }
+        Err(other) => return Err(other),
+    }
+    include_castellan_conf(data_dir).await
+}
+
+async fn clear_dir(dir: &Path) -> Result<(), BootstrapError> {
+    let mut entries = tokio::fs::read_dir(dir).await.map_err(io("listing", dir))?;
+    while let Some(entry) = entries.next_entry().await.map_err(io("listing", dir))? {
+        let path = entry.path();
+        let result = if entry
+            .file_type()
+            .await
+            .map_err(io("inspecting", &path))?
+            .is_dir()
+        {
+            tokio::fs::remove_dir_all(&path).await
+        } else {
+            tokio::fs::remove_file(&path).await
+        };
+        result.map_err(io("removing", &path))?;
+    }
+    Ok(())
+}
+
+/// Makes `postgresql.conf` include `castellan.conf` last, once.
+async fn include_castellan_conf(data_dir: &Path) -> Result<(), BootstrapError> {
+    let path = data_dir.join("postgresql.conf");
+    let mut conf = tokio::fs::read_to_string(&path)
+        .await
+        .map_err(io("reading", &path))?;
+    let include = "include_if_exists = 'castellan.conf'";
+    if !conf.lines().any(|line| line.trim() == include) {
+        conf.push_str("\n# Castellan's settings, last so that they win.\n");
+        conf.push_str(include);
+        conf.push('\n');
+        tokio::fs::write(&path, conf)
+            .await
+            .map_err(io("writing", &path))?;
+    }
+    Ok(())
+}
+
+/// Writes the files Castellan owns in the data directory for the given role. A replica
+/// gets `standby.signal`; a primary must not have one.
+pub async fn write_role_files(
+    data_dir: &Path,
+    castellan_conf: &str,
+    role: &Role,
+) -> Result<(), BootstrapError> {
+    write_private(&data_dir.join("castellan.conf"), castellan_conf).await?;
+    write_private(&data_dir.join("pg_hba.conf"), &config::render_pg_hba()).await?;
+    let signal = data_dir.join("standby.signal");
+    match role {
+        Role::Replica(_) => write_private(&signal, "").await,
+        Role::Primary => match tokio::fs::remove_file(&signal).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(BootstrapError::Io {
+                what: "removing",
+                path: signal,
+                source: e,
+            }),
+        },
+    }
+}
+
+/// Rewinds a former primary onto the new primary's timeline so it can follow it.
+pub async fn rewind(
+    binaries: &Binaries,
+    data_dir: &Path,
+    upstream: &Upstream,
+    passfile: &Path,
+) -> Result<String, BootstrapError> {
+    let data = data_dir.to_string_lossy();
+    let source = format!(
+        "host={} port={} user=postgres dbname=postgres sslmode=disable",
+        upstream.host, upstream.port
+    );
+    binaries
+        .run(
+            "pg_rewind",
+            &[
+                "--target-pgdata",
+                &data,
+                "--source-server",
+                &source,
+                "--progress",
+            ],
+            &[("PGPASSFILE", passfile)],
+        )
+        .await
+}

@@ -1,0 +1,251 @@
+//! What the instance manager asks its own PostgreSQL server, through sqlx over the
+//! local socket: role, timeline, WAL positions, replication state and lag; the roles
+//! and databases it creates at bootstrap; the heartbeat a primary writes. Statement
+//! logging is off, because some statements carry passwords.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Row};
+
+/// The schema Castellan installs in every cluster, versioned in `migrations/`.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    #[error("{what}: {source}")]
+    Query {
+        what: &'static str,
+        source: sqlx::Error,
+    },
+    #[error("applying Castellan's schema migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+fn query(what: &'static str) -> impl FnOnce(sqlx::Error) -> DatabaseError {
+    move |source| DatabaseError::Query { what, source }
+}
+
+/// A small pool of superuser connections over the unix socket. Connections are made
+/// on first use, so the pool outlives server restarts.
+pub fn connect(socket_dir: &Path, port: u16, database: &str) -> PgPool {
+    let options = PgConnectOptions::new()
+        .socket(socket_dir)
+        .port(port)
+        .username("postgres")
+        .database(database)
+        .application_name("castellan-instance")
+        .disable_statement_logging();
+    PgPoolOptions::new()
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options)
+}
+
+/// One standby as the primary sees it in `pg_stat_replication`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Standby {
+    pub name: String,
+    pub state: String,
+    pub sync_state: String,
+    pub replay_lsn: Option<String>,
+    pub lag_bytes: Option<i64>,
+}
+
+/// The server's state as the operator needs it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerStatus {
+    pub in_recovery: bool,
+    pub timeline: Option<i64>,
+    /// Write LSN on a primary, replay LSN on a replica.
+    pub lsn: Option<String>,
+    /// Last WAL position a replica received.
+    pub receive_lsn: Option<String>,
+    /// Seconds since the primary's last heartbeat, as replayed here.
+    pub lag_seconds: Option<f64>,
+    /// Whether a replica's WAL receiver is streaming.
+    pub streaming: Option<bool>,
+    pub standbys: Vec<Standby>,
+    pub server_version: String,
+}
+
+pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
+    let row = sqlx::query(
+        "select pg_is_in_recovery() as in_recovery, current_setting('server_version') as version",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(query("reading recovery state"))?;
+    let in_recovery: bool = row.get("in_recovery");
+    let server_version: String = row.get("version");
+
+    if in_recovery {
+        let row = sqlx::query(
+            "select pg_last_wal_replay_lsn()::text as replay, pg_last_wal_receive_lsn()::text as receive,
+                    (select received_tli::bigint from pg_stat_wal_receiver) as timeline,
+                    (select status = 'streaming' from pg_stat_wal_receiver) as streaming",
+        )
+        .fetch_one(pool)
+        .await
+        .map_err(query("reading replay position"))?;
+        // The heartbeat table arrives by replication; before the first one it is absent.
+        let lag_seconds: Option<f64> = sqlx::query_scalar(
+            "select extract(epoch from clock_timestamp() - written_at)::float8
+               from castellan.heartbeat where to_regclass('castellan.heartbeat') is not null",
+        )
+        .fetch_optional(pool)
+        .await
+        .unwrap_or(None);
+        Ok(ServerStatus {
+            in_recovery,
+            timeline: row.get("timeline"),
+            lsn: row.get("replay"),
+            receive_lsn: row.get("receive"),
+            lag_seconds: lag_seconds.map(|s| s.max(0.0)),
+            streaming: Some(row.get::<Option<bool>, _>("streaming").unwrap_or(false)),
+            standbys: Vec::new(),
+            server_version,
+        })
+    } else {
+        let row = sqlx::query(
+            "select pg_current_wal_lsn()::text as lsn,
+                    ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint as timeline",
+        )
+        .fetch_one(pool)
+        .await
+        .map_err(query("reading the write position"))?;
+        let standbys = sqlx::query(
+            "select application_name, state, sync_state, replay_lsn::text as replay_lsn,
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint as lag_bytes
+               from pg_stat_replication order by application_name",
+        )
+        .fetch_all(pool)
+        .await
+        .map_err(query("reading pg_stat_replication"))?
+        .into_iter()
+        .map(|row| Standby {
+            name: row.get("application_name"),
+            state: row.get::<Option<String>, _>("state").unwrap_or_default(),
+            sync_state: row
+                .get::<Option<String>, _>("sync_state")
+                .unwrap_or_default(),
+            replay_lsn: row.get("replay_lsn"),
+            lag_bytes: row.get("lag_bytes"),
+        })
+        .collect();
+        Ok(ServerStatus {
+            in_recovery,
+            timeline: row.get("timeline"),
+            lsn: row.get("lsn"),
+            receive_lsn: None,
+            lag_seconds: Some(0.0),
+            streaming: None,
+            standbys,
+            server_version,
+        })
+    }
+}
+
+/// Applies Castellan's schema on a primary (replicas receive it by replication).
+pub async fn migrate(pool: &PgPool) -> Result<(), DatabaseError> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+/// Creates (or updates the password of) a login role, without the password ever
+/// appearing in a statement text that could be logged: `format(%L)` quotes it inside
+/// the server.
+pub async fn ensure_role(
+    pool: &PgPool,
+    name: &str,
+    password: &str,
+    attributes: &str,
+) -> Result<(), DatabaseError> {
+    let exists: bool =
+        sqlx::query_scalar("select exists(select 1 from pg_roles where rolname = $1)")
+            .bind(name)
+            .fetch_one(pool)
+            .await
+            .map_err(query("looking up a role"))?;
+    let verb = if exists { "alter" } else { "create" };
+    // `verb` and `attributes` are fixed strings chosen in this module, never input.
+    let statement: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "select format('{verb} role %I with login {attributes} password %L', $1::text, $2::text)"
+    )))
+    .bind(name)
+    .bind(password)
+    .fetch_one(pool)
+    .await
+    .map_err(query("building a role statement"))?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+        .execute(pool)
+        .await
+        .map_err(query("creating a role"))?;
+    Ok(())
+}
+
+/// Creates the application database owned by `owner`, if it does not exist.
+pub async fn ensure_database(pool: &PgPool, name: &str, owner: &str) -> Result<(), DatabaseError> {
+    let exists: bool =
+        sqlx::query_scalar("select exists(select 1 from pg_database where datname = $1)")
+            .bind(name)
+            .fetch_one(pool)
+            .await
+            .map_err(query("looking up a database"))?;
+    if !exists {
+        let statement: String =
+            sqlx::query_scalar("select format('create database %I owner %I', $1::text, $2::text)")
+                .bind(name)
+                .bind(owner)
+                .fetch_one(pool)
+                .await
+                .map_err(query("building a create database statement"))?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(pool)
+            .await
+            .map_err(query("creating the application database"))?;
+    }
+    Ok(())
+}
+
+/// Writes the primary's heartbeat: replicas replay it, and the age of the replayed row
+/// is their lag in seconds, meaningful even when nothing else is written.
+pub async fn beat(pool: &PgPool) -> Result<(), DatabaseError> {
+    sqlx::query(
+        "insert into castellan.heartbeat (id, written_at) values (1, clock_timestamp())
+         on conflict (id) do update set written_at = excluded.written_at",
+    )
+    .execute(pool)
+    .await
+    .map_err(query("writing the heartbeat"))?;
+    Ok(())
+}
+
+/// Promotes a replica and waits for the promotion to finish.
+pub async fn promote(pool: &PgPool) -> Result<bool, DatabaseError> {
+    sqlx::query_scalar("select pg_promote(true, 60)")
+        .fetch_one(pool)
+        .await
+        .map_err(query("promoting"))
+}
+
+/// Makes the server re-read its configuration files.
+pub async fn reload(pool: &PgPool) -> Result<(), DatabaseError> {
+    sqlx::query("select pg_reload_conf()")
+        .execute(pool)
+        .await
+        .map_err(query("reloading the configuration"))?;
+    Ok(())
+}
+
+/// Settings changed in the files that need a restart to apply.
+pub async fn pending_restart(pool: &PgPool) -> Result<Vec<String>, DatabaseError> {
+    sqlx::query_scalar("select name from pg_settings where pending_restart order by name")
+        .fetch_all(pool)
+        .await
+        .map_err(query("reading settings pending a restart"))
+}

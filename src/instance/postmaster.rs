@@ -1,0 +1,92 @@
+//! The PostgreSQL server process: started as a child of the instance manager (which
+//! is PID 1 of the pod), stopped with a fast shutdown, and watched for exits.
+
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::bootstrap::{Binaries, BootstrapError};
+
+/// A running (or exited) `postgres` process.
+pub struct Postmaster {
+    child: Child,
+}
+
+impl Postmaster {
+    /// Starts `postgres` on `data_dir`. Its output goes to the manager's own stdout
+    /// and stderr, so the pod's log holds the server log.
+    pub fn start(binaries: &Binaries, data_dir: &Path) -> Result<Self, BootstrapError> {
+        let program = binaries.program("postgres");
+        let child = Command::new(&program)
+            .arg("-D")
+            .arg(data_dir)
+            .stdin(Stdio::null())
+            // If the manager dies, the server must not run on unsupervised.
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| BootstrapError::Spawn {
+                program: program.display().to_string(),
+                source,
+            })?;
+        Ok(Self { child })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Resolves when the server exits.
+    pub async fn exited(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Fast shutdown (`pg_ctl stop -m fast`): active sessions are ended, and a primary
+    /// sends all its WAL to connected standbys before it exits.
+    pub async fn stop(
+        mut self,
+        binaries: &Binaries,
+        data_dir: &Path,
+        timeout: Duration,
+    ) -> Result<(), BootstrapError> {
+        let data = data_dir.to_string_lossy();
+        let seconds = timeout.as_secs().max(1).to_string();
+        let stopped = binaries
+            .run(
+                "pg_ctl",
+                &["stop", "-D", &data, "-m", "fast", "-w", "-t", &seconds],
+                &[],
+            )
+            .await;
+        if stopped.is_err() {
+            // Not stoppable politely (hung, or already gone): make sure it is gone.
+            let _ = self.child.start_kill();
+        }
+        let _ = self.child.wait().await;
+        stopped.map(|_| ())
+    }
+}
+
+/// Waits until the server accepts connections on its socket, or `timeout` passes.
+pub async fn wait_accepting(
+    binaries: &Binaries,
+    socket_dir: &Path,
+    port: u16,
+    timeout: Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let socket = socket_dir.to_string_lossy().into_owned();
+    let port = port.to_string();
+    while tokio::time::Instant::now() < deadline {
+        let ready = binaries
+            .run("pg_isready", &["-h", &socket, "-p", &port, "-q"], &[])
+            .await
+            .is_ok();
+        if ready {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}

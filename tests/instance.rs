@@ -1,0 +1,445 @@
+//! The instance manager against real PostgreSQL servers: a primary made by initdb and a
+//! replica made by a base backup, streaming; status, sync quorum, parameter reloads
+//! and restarts, heartbeat lag, promotion. Runs `castellan instance` as the `postgres`
+//! user (PostgreSQL refuses root) on loopback addresses of its own.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgConnection};
+
+const SUPERUSER_PASSWORD: &str = "super-secret-1";
+const REPLICATION_PASSWORD: &str = "repl-secret-2";
+const APP_PASSWORD: &str = "app-secret-3";
+
+fn pg_bin_dir() -> PathBuf {
+    let dir = PathBuf::from(
+        std::env::var("CASTELLAN_TEST_PG_BIN_DIR")
+            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into()),
+    );
+    assert!(
+        dir.join("postgres").exists(),
+        "PostgreSQL server binaries are missing in {} (deploy/local/deps.sh installs postgresql-15)",
+        dir.display()
+    );
+    dir
+}
+
+fn postgres_ids() -> (u32, u32) {
+    let out = Command::new("id")
+        .args(["-u", "postgres"])
+        .output()
+        .expect("running id");
+    let uid = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("the postgres user exists");
+    let out = Command::new("id")
+        .args(["-g", "postgres"])
+        .output()
+        .expect("running id");
+    let gid = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("the postgres group exists");
+    (uid, gid)
+}
+
+/// A scratch directory owned by `postgres`, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        // Short: unix socket paths are limited to 107 bytes.
+        let dir = PathBuf::from(format!("/tmp/ci-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating the scratch directory");
+        let (uid, gid) = postgres_ids();
+        for (file, secret) in [
+            ("superuser", SUPERUSER_PASSWORD),
+            ("replication", REPLICATION_PASSWORD),
+            ("app", APP_PASSWORD),
+        ] {
+            let path = dir.join(file);
+            std::fs::write(&path, format!("{secret}\n")).expect("writing a secret file");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        chown_tree(&dir, uid, gid);
+        Self(dir)
+    }
+}
+
+fn chown_tree(dir: &Path, uid: u32, gid: u32) {
+    let status = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{gid}"))
+        .arg(dir)
+        .status()
+        .expect("chown");
+    assert!(status.success());
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `castellan instance`; killed (with its server) when dropped.
+struct Instance {
+    name: String,
+    address: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Instance {
+    fn start(scratch: &Scratch, name: &str, address: &str, replica_of: Option<&str>) -> Self {
+        let (uid, gid) = postgres_ids();
+        let dir = scratch.0.join(name);
+        std::fs::create_dir_all(&dir).expect("instance directory");
+        chown_tree(&dir, uid, gid);
+        let log = scratch.0.join(format!("{name}.log"));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_castellan"));
+        command
+            .arg("instance")
+            .args(["--cluster-name", "it", "--instance-name", name])
+            .arg("--data-dir")
+            .arg(dir.join("pgdata"))
+            .args([
+                "--listen-address",
+                address,
+                "--port",
+                "5432",
+                "--http-port",
+                "8000",
+            ])
+            .arg("--pg-bin-dir")
+            .arg(pg_bin_dir())
+            .arg("--superuser-password-file")
+            .arg(scratch.0.join("superuser"))
+            .arg("--replication-password-file")
+            .arg(scratch.0.join("replication"))
+            .arg("--app-password-file")
+            .arg(scratch.0.join("app"))
+            .args(["--app-database", "shop", "--app-owner", "shop"])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("RUST_LOG", "info")
+            .stdout(log_file.try_clone().expect("log file"))
+            .stderr(log_file)
+            .uid(uid)
+            .gid(gid)
+            .process_group(0);
+        match replica_of {
+            Some(primary) => command.args(["--bootstrap", "replica", "--upstream-host", primary]),
+            None => command.args(["--bootstrap", "initdb"]),
+        };
+        let child = command.spawn().expect("starting castellan instance");
+        Self {
+            name: name.to_owned(),
+            address: address.to_owned(),
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}:8000{path}", self.address)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        curl(&["-s", "-w", "\n%{http_code}", &self.url(path)])
+    }
+
+    fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        curl(&[
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            body,
+            &self.url(path),
+        ])
+    }
+
+    fn wait_ready(&self, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (code, body) = self.get("/readyz");
+            if code == 200 {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready within {timeout:?}: {body}\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// SIGTERM, as the kubelet sends: the manager stops PostgreSQL and exits 0.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        child.wait().expect("waiting for castellan instance")
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            // The whole process group: the manager and the server it runs.
+            let _ = Command::new("kill")
+                .args(["-KILL", &format!("-{}", child.id())])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn curl(args: &[&str]) -> (u16, Value) {
+    let out = Command::new("curl")
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .expect("running curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+async fn connect(address: &str, user: &str, password: &str, database: &str) -> PgConnection {
+    PgConnectOptions::new()
+        .host(address)
+        .port(5432)
+        .username(user)
+        .password(password)
+        .database(database)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {database} on {address} as {user}: {e}"))
+}
+
+async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn primary_and_replica_stream_report_and_promote() {
+    let scratch = Scratch::new("inst");
+    let primary = Instance::start(&scratch, "it-1", "127.0.50.1", None);
+    let body = primary.wait_ready(Duration::from_secs(60));
+    assert_eq!(body["role"], "primary", "{body}");
+    assert_eq!(body["inRecovery"], false);
+    assert!(
+        body["serverVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("15"),
+        "{body}"
+    );
+
+    // The application's role and database exist, with the password from its file.
+    let mut app = connect("127.0.50.1", "shop", APP_PASSWORD, "shop").await;
+    sqlx::query("create table orders (id int primary key, item text)")
+        .execute(&mut app)
+        .await
+        .expect("create table");
+    sqlx::query("insert into orders values (1, 'before the replica')")
+        .execute(&mut app)
+        .await
+        .expect("insert");
+    // Castellan's schema is installed by its migrator.
+    let mut superuser = connect("127.0.50.1", "postgres", SUPERUSER_PASSWORD, "postgres").await;
+    let migrated: i64 = sqlx::query_scalar("select count(*) from _sqlx_migrations where success")
+        .fetch_one(&mut superuser)
+        .await
+        .expect("reading migrations");
+    assert_eq!(migrated, 1);
+    // Over TCP a wrong password is refused.
+    let wrong = PgConnectOptions::new()
+        .host("127.0.50.1")
+        .username("shop")
+        .password("nope")
+        .database("shop")
+        .connect()
+        .await;
+    assert!(wrong.is_err(), "a wrong password is refused");
+
+    let mut replica = Instance::start(&scratch, "it-2", "127.0.50.2", Some("127.0.50.1"));
+    let body = replica.wait_ready(Duration::from_secs(60));
+    assert_eq!(body["role"], "replica", "{body}");
+    assert_eq!(body["inRecovery"], true);
+
+    // Rows written before and after the base backup arrive on the replica.
+    sqlx::query("insert into orders values (2, 'after the replica')")
+        .execute(&mut app)
+        .await
+        .expect("insert");
+    let mut on_replica = connect("127.0.50.2", "shop", APP_PASSWORD, "shop").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>("select count(*) from orders")
+        .fetch_one(&mut on_replica)
+        .await
+        .unwrap_or(0)
+        != 2
+    {
+        assert!(Instant::now() < deadline, "both rows replicate within 10s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The primary reports the standby streaming from its slot; the replica reports its
+    // lag in seconds from the heartbeat.
+    eventually(
+        "the primary sees its streaming standby and the replica its lag",
+        Duration::from_secs(10),
+        || async {
+            let (_, status) = primary.get("/status");
+            let (_, replica_status) = replica.get("/status");
+            status["standbys"][0]["name"] == "it-2"
+                && status["standbys"][0]["state"] == "streaming"
+                && replica_status["streaming"] == true
+                && replica_status["lagSeconds"]
+                    .as_f64()
+                    .is_some_and(|lag| lag < 5.0)
+        },
+    )
+    .await;
+    let slot: Option<bool> = sqlx::query_scalar(
+        "select active from pg_replication_slots where slot_name = 'castellan_it_2'",
+    )
+    .fetch_optional(&mut superuser)
+    .await
+    .expect("reading slots");
+    assert_eq!(slot, Some(true), "the replica streams from its own slot");
+
+    // A sync quorum through reload: the standby becomes a quorum member, and a commit
+    // with remote_apply is visible on it the moment the commit returns.
+    let (code, reloaded) = primary.post(
+        "/reload",
+        r#"{"synchronousStandbyNames": "ANY 1 (\"it-2\")"}"#,
+    );
+    assert_eq!(code, 200, "{reloaded}");
+    eventually(
+        "the standby is a quorum member",
+        Duration::from_secs(10),
+        || async { primary.get("/status").1["standbys"][0]["syncState"] == "quorum" },
+    )
+    .await;
+    sqlx::query("set synchronous_commit = remote_apply")
+        .execute(&mut app)
+        .await
+        .expect("set");
+    sqlx::query("insert into orders values (3, 'synchronous')")
+        .execute(&mut app)
+        .await
+        .expect("sync insert");
+    let seen: i64 = sqlx::query_scalar("select count(*) from orders where id = 3")
+        .fetch_one(&mut on_replica)
+        .await
+        .expect("reading on the replica");
+    assert_eq!(
+        seen, 1,
+        "a synchronously committed row is on the standby at commit time"
+    );
+
+    // A reloadable parameter applies at once; a restart-only one is reported pending
+    // until the restart.
+    let (code, reloaded) = primary.post("/reload", r#"{"parameters": {"work_mem": "8MB", "max_connections": "150"}, "synchronousStandbyNames": ""}"#);
+    assert_eq!(code, 200, "{reloaded}");
+    assert_eq!(
+        reloaded["pendingRestart"],
+        serde_json::json!(["max_connections"]),
+        "{reloaded}"
+    );
+    let mut fresh = connect("127.0.50.1", "postgres", SUPERUSER_PASSWORD, "postgres").await;
+    let work_mem: String = sqlx::query_scalar("show work_mem")
+        .fetch_one(&mut fresh)
+        .await
+        .expect("show");
+    assert_eq!(work_mem, "8MB");
+    drop(fresh);
+    let (code, restarted) = primary.post("/restart", "{}");
+    assert_eq!(code, 200, "{restarted}");
+    primary.wait_ready(Duration::from_secs(30));
+    let mut fresh = connect("127.0.50.1", "postgres", SUPERUSER_PASSWORD, "postgres").await;
+    let max_connections: String = sqlx::query_scalar("show max_connections")
+        .fetch_one(&mut fresh)
+        .await
+        .expect("show");
+    assert_eq!(max_connections, "150");
+    drop(fresh);
+
+    // Promotion: the old primary stops first (as a fence would), then the replica is
+    // promoted, moves to a new timeline and takes writes.
+    drop(app);
+    drop(superuser);
+    let timeline_before = replica.get("/status").1["timeline"]
+        .as_i64()
+        .unwrap_or_default();
+    let mut primary = primary;
+    assert!(
+        primary.terminate().success(),
+        "SIGTERM stops the manager cleanly:\n{}",
+        primary.log()
+    );
+    let (code, promoted) = replica.post("/promote", "{}");
+    assert_eq!(code, 200, "{promoted}");
+    assert_eq!(promoted["role"], "primary");
+    let body = replica.wait_ready(Duration::from_secs(30));
+    assert_eq!(body["role"], "primary");
+    assert_eq!(body["inRecovery"], false);
+    assert!(
+        body["timeline"].as_i64().unwrap_or_default() > timeline_before,
+        "promotion starts a new timeline: {body}"
+    );
+    let mut app = connect("127.0.50.2", "shop", APP_PASSWORD, "shop").await;
+    sqlx::query("insert into orders values (4, 'after failover')")
+        .execute(&mut app)
+        .await
+        .expect("writes on the new primary");
+    let count: i64 = sqlx::query_scalar("select count(*) from orders")
+        .fetch_one(&mut app)
+        .await
+        .expect("count");
+    assert_eq!(count, 4, "no acknowledged row was lost");
+    drop(app);
+    let secrets_logged = [SUPERUSER_PASSWORD, REPLICATION_PASSWORD, APP_PASSWORD]
+        .iter()
+        .any(|secret| replica.log().contains(secret) || primary.log().contains(secret));
+    assert!(
+        !secrets_logged,
+        "no password appears in the instance managers' logs"
+    );
+    assert!(replica.terminate().success());
+}
