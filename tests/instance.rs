@@ -93,6 +93,7 @@ impl Drop for Scratch {
 /// A running `castellan instance`; killed (with its server) when dropped.
 struct Instance {
     name: String,
+    data_dir: PathBuf,
     address: String,
     child: Option<Child>,
     log: PathBuf,
@@ -100,6 +101,17 @@ struct Instance {
 
 impl Instance {
     fn start(scratch: &Scratch, name: &str, address: &str, replica_of: Option<&str>) -> Self {
+        Self::start_with(scratch, name, address, replica_of, "{}")
+    }
+
+    /// Starts with the cluster's server parameters, as the operator passes them.
+    fn start_with(
+        scratch: &Scratch,
+        name: &str,
+        address: &str,
+        replica_of: Option<&str>,
+        parameters: &str,
+    ) -> Self {
         let (uid, gid) = postgres_ids();
         let dir = scratch.0.join(name);
         std::fs::create_dir_all(&dir).expect("instance directory");
@@ -128,7 +140,14 @@ impl Instance {
             .arg(scratch.0.join("replication"))
             .arg("--app-password-file")
             .arg(scratch.0.join("app"))
-            .args(["--app-database", "shop", "--app-owner", "shop"])
+            .args([
+                "--app-database",
+                "shop",
+                "--app-owner",
+                "shop",
+                "--parameters",
+                parameters,
+            ])
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("RUST_LOG", "info")
@@ -138,12 +157,13 @@ impl Instance {
             .gid(gid)
             .process_group(0);
         match replica_of {
-            Some(primary) => command.args(["--bootstrap", "replica", "--upstream-host", primary]),
-            None => command.args(["--bootstrap", "initdb"]),
+            Some(primary) => command.args(["--role", "replica", "--upstream-host", primary]),
+            None => command.args(["--role", "primary"]),
         };
         let child = command.spawn().expect("starting castellan instance");
         Self {
             name: name.to_owned(),
+            data_dir: dir.join("pgdata"),
             address: address.to_owned(),
             child: Some(child),
             log,
@@ -198,7 +218,7 @@ impl Instance {
     fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");
         let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
+            .args(["-s", "TERM", "--", &child.id().to_string()])
             .status();
         child.wait().expect("waiting for castellan instance")
     }
@@ -206,18 +226,42 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            // The whole process group: the manager and the server it runs.
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // Politely first: the manager stops its server. Then by force, including the
+        // server, which runs in a session of its own (the postmaster calls setsid).
+        let pid = child.id().to_string();
+        let _ = Command::new("kill")
+            .args(["-s", "TERM", "--", &pid])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &pid])
+            .stderr(Stdio::null())
+            .status();
+        let _ = child.wait();
+        let postmaster_pid =
+            std::fs::read_to_string(self.data_dir.join("postmaster.pid")).unwrap_or_default();
+        if let Some(postmaster) = postmaster_pid
+            .lines()
+            .next()
+            .filter(|line| !line.is_empty())
+        {
             let _ = Command::new("kill")
-                .args(["-KILL", &format!("-{}", child.id())])
+                .args(["-s", "KILL", "--", postmaster])
+                .stderr(Stdio::null())
                 .status();
-            let _ = child.wait();
         }
     }
 }
 
 fn curl(args: &[&str]) -> (u16, Value) {
     let out = Command::new("curl")
+        .args(["--max-time", "10"])
         .args(args)
         .stderr(Stdio::null())
         .output()
@@ -231,14 +275,16 @@ fn curl(args: &[&str]) -> (u16, Value) {
 }
 
 async fn connect(address: &str, user: &str, password: &str, database: &str) -> PgConnection {
-    PgConnectOptions::new()
+    let options = PgConnectOptions::new()
         .host(address)
         .port(5432)
         .username(user)
         .password(password)
-        .database(database)
-        .connect()
+        .database(database);
+    let connecting = options.connect();
+    tokio::time::timeout(Duration::from_secs(10), connecting)
         .await
+        .unwrap_or_else(|_| panic!("connecting to {database} on {address} as {user}: timed out"))
         .unwrap_or_else(|e| panic!("connecting to {database} on {address} as {user}: {e}"))
 }
 
@@ -374,7 +420,21 @@ async fn primary_and_replica_stream_report_and_promote() {
     );
 
     // A reloadable parameter applies at once; a restart-only one is reported pending
-    // until the restart.
+    // until the restart. Replicas go first: a standby refuses to replay WAL from a
+    // primary with a larger max_connections (the rolling order the operator follows).
+    let (code, reloaded) = replica.post(
+        "/reload",
+        r#"{"parameters": {"work_mem": "8MB", "max_connections": "150"}}"#,
+    );
+    assert_eq!(code, 200, "{reloaded}");
+    assert_eq!(
+        reloaded["pendingRestart"],
+        serde_json::json!(["max_connections"]),
+        "{reloaded}"
+    );
+    let (code, restarted) = replica.post("/restart", "{}");
+    assert_eq!(code, 200, "{restarted}");
+    replica.wait_ready(Duration::from_secs(30));
     let (code, reloaded) = primary.post("/reload", r#"{"parameters": {"work_mem": "8MB", "max_connections": "150"}, "synchronousStandbyNames": ""}"#);
     assert_eq!(code, 200, "{reloaded}");
     assert_eq!(
@@ -434,9 +494,48 @@ async fn primary_and_replica_stream_report_and_promote() {
         .expect("count");
     assert_eq!(count, 4, "no acknowledged row was lost");
     drop(app);
+    // The former primary returns as a replica of the new one: pg_rewind puts it on the
+    // new timeline and it receives what was written after the failover.
+    let old_primary_log = primary.log();
+    drop(primary);
+    let rejoined = Instance::start_with(
+        &scratch,
+        "it-1",
+        "127.0.50.1",
+        Some("127.0.50.2"),
+        r#"{"work_mem": "8MB", "max_connections": "150"}"#,
+    );
+    let body = rejoined.wait_ready(Duration::from_secs(60));
+    assert_eq!(body["role"], "replica", "{body}");
+    assert!(
+        rejoined.log().contains("pg_rewind finished"),
+        "{}",
+        rejoined.log()
+    );
+    let mut on_rejoined = connect("127.0.50.1", "shop", APP_PASSWORD, "shop").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>("select count(*) from orders where id = 4")
+        .fetch_one(&mut on_rejoined)
+        .await
+        .unwrap_or(0)
+        != 1
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the rejoined replica receives post-failover writes:\n{}",
+            rejoined.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(on_rejoined);
+
     let secrets_logged = [SUPERUSER_PASSWORD, REPLICATION_PASSWORD, APP_PASSWORD]
         .iter()
-        .any(|secret| replica.log().contains(secret) || primary.log().contains(secret));
+        .any(|secret| {
+            replica.log().contains(secret)
+                || old_primary_log.contains(secret)
+                || rejoined.log().contains(secret)
+        });
     assert!(
         !secrets_logged,
         "no password appears in the instance managers' logs"

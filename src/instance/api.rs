@@ -3,8 +3,12 @@
 //! - `GET /healthz`: the manager is alive.
 //! - `GET /readyz`: the server accepts connections in its role (200) or not (503).
 //! - `GET /status`: role, timeline, WAL positions, lag, standbys (JSON).
-//! - `POST /promote`, `POST /demote` (`{"host", "port"}` of the new primary),
-//!   `POST /restart`, `POST /reload` (`{"parameters", "synchronousStandbyNames"}`).
+//! - `POST /promote`, `POST /restart`, `POST /reload`
+//!   (`{"parameters", "synchronousStandbyNames"}`).
+//!
+//! There is no demote call: a former primary rejoins by being started with
+//! `--role replica`, which rewinds it (see `bootstrap`), so a demotion can never leave a
+//! running server half-reconfigured.
 //!
 //! Handlers only read state or queue a request for the supervisor: they never start or
 //! stop the server themselves.
@@ -22,7 +26,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use super::config::{self, Role, Upstream};
+use super::config::Role;
 use super::{Request, Shared, database, role_name};
 
 type Response = (StatusCode, Json<Value>);
@@ -33,7 +37,6 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         .route("/readyz", get(readyz))
         .route("/status", get(status))
         .route("/promote", post(promote))
-        .route("/demote", post(demote))
         .route("/restart", post(restart))
         .route("/reload", post(reload))
         .with_state(shared);
@@ -108,26 +111,6 @@ async fn submit(shared: &Shared, request: Request) -> Response {
 
 async fn promote(State(shared): State<Arc<Shared>>) -> Response {
     submit(&shared, Request::Promote).await
-}
-
-#[derive(Deserialize)]
-struct DemoteBody {
-    host: String,
-    #[serde(default = "default_port")]
-    port: u16,
-}
-
-fn default_port() -> u16 {
-    5432
-}
-
-async fn demote(State(shared): State<Arc<Shared>>, Json(body): Json<DemoteBody>) -> Response {
-    let upstream = Upstream {
-        host: body.host,
-        port: body.port,
-        slot: config::slot_name(&shared.instance_name),
-    };
-    submit(&shared, Request::Demote(upstream)).await
 }
 
 async fn restart(State(shared): State<Arc<Shared>>) -> Response {

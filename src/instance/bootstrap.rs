@@ -43,7 +43,8 @@ impl Binaries {
         }
     }
 
-    /// Runs a PostgreSQL program to completion, returning its stdout.
+    /// Runs a PostgreSQL program to completion, returning its output (stdout, then
+    /// stderr).
     pub async fn run(
         &self,
         name: &str,
@@ -70,7 +71,12 @@ impl Binaries {
                 stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
             });
         }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        // Some programs (pg_rewind) report on stderr even when they succeed.
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
     }
 }
 
@@ -242,6 +248,36 @@ pub async fn write_role_files(
             }),
         },
     }
+}
+
+/// Makes sure this replica's slot exists on its primary. Slots are not replicated, so
+/// after a failover the new primary has none for the replicas that now follow it.
+pub async fn ensure_slot(
+    binaries: &Binaries,
+    upstream: &Upstream,
+    passfile: &Path,
+) -> Result<(), BootstrapError> {
+    let port = upstream.port.to_string();
+    binaries
+        .run(
+            "pg_receivewal",
+            &[
+                "--create-slot",
+                "--if-not-exists",
+                "--slot",
+                &upstream.slot,
+                "--host",
+                &upstream.host,
+                "--port",
+                &port,
+                "--username",
+                REPLICATION_USER,
+                "--no-password",
+            ],
+            &[("PGPASSFILE", passfile)],
+        )
+        .await
+        .map(|_| ())
 }
 
 /// Rewinds a former primary onto the new primary's timeline so it can follow it.

@@ -225,12 +225,21 @@ pub async fn beat(pool: &PgPool) -> Result<(), DatabaseError> {
     Ok(())
 }
 
-/// Promotes a replica and waits for the promotion to finish.
+/// Promotes a replica and waits for the promotion to finish, then checkpoints: until
+/// a checkpoint records the new timeline in the control file, pg_rewind run against
+/// this server would see no divergence and a former primary could not rejoin.
 pub async fn promote(pool: &PgPool) -> Result<bool, DatabaseError> {
-    sqlx::query_scalar("select pg_promote(true, 60)")
+    let promoted: bool = sqlx::query_scalar("select pg_promote(true, 60)")
         .fetch_one(pool)
         .await
-        .map_err(query("promoting"))
+        .map_err(query("promoting"))?;
+    if promoted {
+        sqlx::query("checkpoint")
+            .execute(pool)
+            .await
+            .map_err(query("checkpointing after promotion"))?;
+    }
+    Ok(promoted)
 }
 
 /// Makes the server re-read its configuration files.

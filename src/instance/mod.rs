@@ -28,12 +28,15 @@ use bootstrap::Binaries;
 use config::{Role, Upstream};
 use postmaster::Postmaster;
 
-/// How the data directory is made when the volume is empty.
+/// The role the operator wants this instance to start in. It decides how an empty
+/// volume is filled, and what happens to data that says otherwise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BootstrapMethod {
-    /// An empty cluster: this instance becomes the first primary.
-    Initdb,
-    /// A base backup of the primary behind `--upstream-host`: this instance is a replica.
+pub enum StartRole {
+    /// Empty volume: initdb. Existing replica data: start, then promote.
+    Primary,
+    /// Empty volume: base backup of `--upstream-host`. Existing primary data (a former
+    /// primary after a failover): rewind it onto the new primary's timeline with
+    /// pg_rewind, then follow.
     Replica,
 }
 
@@ -64,14 +67,9 @@ pub struct InstanceArgs {
     /// Directory holding PostgreSQL's programs; `PATH` when absent.
     #[arg(long, env = "PG_BIN_DIR")]
     pub pg_bin_dir: Option<PathBuf>,
-    /// How to make the data directory when it is empty.
-    #[arg(
-        long,
-        env = "CASTELLAN_BOOTSTRAP",
-        value_enum,
-        default_value = "initdb"
-    )]
-    pub bootstrap: BootstrapMethod,
+    /// The role to start in.
+    #[arg(long, env = "CASTELLAN_ROLE", value_enum, default_value = "primary")]
+    pub role: StartRole,
     /// Host replicas follow: the cluster's `-rw` Service.
     #[arg(long, env = "CASTELLAN_UPSTREAM_HOST")]
     pub upstream_host: Option<String>,
@@ -104,7 +102,6 @@ pub struct InstanceArgs {
 /// a promotion never races a restart.
 pub enum Request {
     Promote,
-    Demote(Upstream),
     Restart,
     Reload {
         parameters: Option<BTreeMap<String, String>>,
@@ -173,28 +170,45 @@ impl Instance {
         })
     }
 
-    /// Makes the data directory if the volume is empty; returns the role it holds.
-    async fn bootstrap(&self) -> anyhow::Result<Role> {
+    /// Makes the data directory if the volume is empty, or brings existing data into
+    /// line with the role asked for; returns the role to start in and whether to
+    /// promote once started.
+    async fn bootstrap(&self) -> anyhow::Result<(Role, bool)> {
         let data_dir = &self.args.data_dir;
         if bootstrap::initialised(data_dir) {
-            let replica = data_dir.join("standby.signal").exists();
-            tracing::info!(data_dir = %data_dir.display(), replica, "data directory exists; keeping it");
-            return Ok(if replica {
-                Role::Replica(self.upstream()?)
-            } else {
-                Role::Primary
-            });
+            let holds_replica = data_dir.join("standby.signal").exists();
+            tracing::info!(data_dir = %data_dir.display(), holds_replica, "data directory exists; keeping it");
+            return match (self.args.role, holds_replica) {
+                (StartRole::Primary, false) => Ok((Role::Primary, false)),
+                (StartRole::Primary, true) => Ok((Role::Replica(self.upstream()?), true)),
+                (StartRole::Replica, true) => Ok((Role::Replica(self.upstream()?), false)),
+                (StartRole::Replica, false) => {
+                    // A former primary: its WAL may have diverged from the new primary's
+                    // timeline. pg_rewind copies back what differs (running crash
+                    // recovery first if the server did not shut down cleanly).
+                    let upstream = self.upstream()?;
+                    tracing::info!(host = %upstream.host, "rejoining a former primary with pg_rewind");
+                    let output =
+                        bootstrap::rewind(&self.binaries, data_dir, &upstream, &self.passfile)
+                            .await
+                            .with_context(|| {
+                                format!("rewinding {} onto {}", data_dir.display(), upstream.host)
+                            })?;
+                    tracing::info!(output = %output.trim(), "pg_rewind finished");
+                    Ok((Role::Replica(upstream), false))
+                }
+            };
         }
         private_dir(data_dir).await?;
-        match self.args.bootstrap {
-            BootstrapMethod::Initdb => {
+        match self.args.role {
+            StartRole::Primary => {
                 tracing::info!(data_dir = %data_dir.display(), "creating an empty cluster with initdb");
                 bootstrap::initdb(&self.binaries, data_dir, &self.args.superuser_password_file)
                     .await
                     .with_context(|| format!("running initdb in {}", data_dir.display()))?;
-                Ok(Role::Primary)
+                Ok((Role::Primary, false))
             }
-            BootstrapMethod::Replica => {
+            StartRole::Replica => {
                 let upstream = self.upstream()?;
                 tracing::info!(host = %upstream.host, slot = %upstream.slot, "copying the primary with pg_basebackup");
                 bootstrap::base_backup(&self.binaries, data_dir, &upstream, &self.passfile)
@@ -206,7 +220,7 @@ impl Instance {
                             data_dir.display()
                         )
                     })?;
-                Ok(Role::Replica(upstream))
+                Ok((Role::Replica(upstream), false))
             }
         }
     }
@@ -223,24 +237,35 @@ impl Instance {
             role,
         )
         .await?;
-        let postmaster = Postmaster::start(&self.binaries, &self.args.data_dir)?;
+        if let Role::Replica(upstream) = role {
+            bootstrap::ensure_slot(&self.binaries, upstream, &self.passfile)
+                .await
+                .with_context(|| format!("creating slot {} on {}", upstream.slot, upstream.host))?;
+        }
+        let mut postmaster = Postmaster::start(&self.binaries, &self.args.data_dir)?;
         tracing::info!(
             pid = postmaster.pid(),
             role = role_name(role),
             "started postgres"
         );
-        if !postmaster::wait_accepting(
-            &self.binaries,
-            &self.socket_dir,
-            self.args.port,
-            Duration::from_secs(120),
-        )
-        .await
-        {
-            anyhow::bail!(
+        let startup = postmaster
+            .wait_accepting(
+                &self.binaries,
+                &self.socket_dir,
+                self.args.port,
+                Duration::from_secs(120),
+            )
+            .await;
+        match startup {
+            postmaster::Startup::Accepting => {}
+            postmaster::Startup::Exited => anyhow::bail!(
+                "postgres in {} exited while starting; its log above says why",
+                self.args.data_dir.display()
+            ),
+            postmaster::Startup::TimedOut => anyhow::bail!(
                 "postgres in {} did not accept connections within 120s",
                 self.args.data_dir.display()
-            );
+            ),
         }
         Ok(postmaster)
     }
@@ -301,9 +326,25 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         passfile,
         args,
     });
-    let mut role = instance.bootstrap().await?;
+    let (mut role, promote_once_started) = instance.bootstrap().await?;
     let pool = database::connect(&socket_dir, instance.args.port, "postgres");
     let mut postmaster = instance.start(&role, &parameters, &sync_names).await?;
+    if promote_once_started {
+        tracing::info!("asked to start as primary on replica data: promoting");
+        if !database::promote(&pool).await? {
+            anyhow::bail!(
+                "promoting {} did not finish within 60s",
+                instance.args.instance_name
+            );
+        }
+        role = Role::Primary;
+        bootstrap::write_role_files(
+            &instance.args.data_dir,
+            &instance.conf(&role, &parameters, &sync_names),
+            &role,
+        )
+        .await?;
+    }
     if role == Role::Primary {
         instance.prepare_primary(&pool).await?;
     }
@@ -375,30 +416,6 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
                             }
                         }
                     },
-                    Request::Demote(upstream) => {
-                        tracing::info!(host = %upstream.host, "demoting to replica");
-                        let result: anyhow::Result<Postmaster> = async {
-                            instance.stop(postmaster).await?;
-                            let rewound = bootstrap::rewind(&instance.binaries, &instance.args.data_dir, &upstream, &instance.passfile).await
-                                .with_context(|| format!("rewinding onto {}", upstream.host))?;
-                            tracing::info!(output = %rewound.trim(), "pg_rewind finished");
-                            instance.start(&Role::Replica(upstream.clone()), &parameters, &sync_names).await
-                        }.await;
-                        match result {
-                            Ok(started) => {
-                                postmaster = started;
-                                role = Role::Replica(upstream);
-                                let _ = role_tx.send(role.clone());
-                                Ok(serde_json::json!({"role": "replica", "changed": true}))
-                            }
-                            Err(e) => {
-                                // The server is down now; the operator sees the error and decides.
-                                tracing::error!(error = %format!("{e:#}"), "demotion failed");
-                                let _ = reply.send(Err(format!("{e:#}")));
-                                return Err(e.context("demoting; the instance manager exits so the pod restarts"));
-                            }
-                        }
-                    }
                     Request::Restart => {
                         tracing::info!("restarting postgres");
                         let result: anyhow::Result<Postmaster> = async {

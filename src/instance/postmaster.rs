@@ -68,25 +68,41 @@ impl Postmaster {
     }
 }
 
-/// Waits until the server accepts connections on its socket, or `timeout` passes.
-pub async fn wait_accepting(
-    binaries: &Binaries,
-    socket_dir: &Path,
-    port: u16,
-    timeout: Duration,
-) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let socket = socket_dir.to_string_lossy().into_owned();
-    let port = port.to_string();
-    while tokio::time::Instant::now() < deadline {
-        let ready = binaries
-            .run("pg_isready", &["-h", &socket, "-p", &port, "-q"], &[])
-            .await
-            .is_ok();
-        if ready {
-            return true;
+/// How waiting for the server to accept connections ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Startup {
+    Accepting,
+    /// The server exited while starting (its log says why).
+    Exited,
+    TimedOut,
+}
+
+impl Postmaster {
+    /// Waits until the server accepts connections on its socket, exits, or `timeout`
+    /// passes. A server that exits is reported at once rather than waited out.
+    pub async fn wait_accepting(
+        &mut self,
+        binaries: &Binaries,
+        socket_dir: &Path,
+        port: u16,
+        timeout: Duration,
+    ) -> Startup {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let socket = socket_dir.to_string_lossy().into_owned();
+        let port = port.to_string();
+        while tokio::time::Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return Startup::Exited;
+            }
+            let ready = binaries
+                .run("pg_isready", &["-h", &socket, "-p", &port, "-q"], &[])
+                .await
+                .is_ok();
+            if ready {
+                return Startup::Accepting;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        Startup::TimedOut
     }
-    false
 }
