@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod agent;
 mod instance;
 
 /// Castellan runs stateful data services on Kubernetes by itself.
@@ -28,6 +29,8 @@ enum Command {
     },
     /// Print the version of this binary and of the API it serves.
     Version,
+    /// Run the node agent: discover this node's disks and keep its BlockDevices current.
+    Agent(agent::AgentArgs),
     /// Run the instance manager: PID 1 of a database pod.
     Instance(Box<instance::InstanceArgs>),
 }
@@ -42,6 +45,7 @@ fn main() -> anyhow::Result<()> {
                 .context("starting the async runtime")?
                 .block_on(instance::run(*args))
         }
+        Command::Agent(args) => agent::run(args),
         Command::Crds { out_dir } => write_crds(out_dir),
         Command::Version => {
             println!(

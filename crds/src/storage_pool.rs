@@ -165,8 +165,10 @@ pub struct StoragePoolStatus {
     /// Capacity not yet promised, as a quantity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free: Option<String>,
-    /// The pool on each node.
+    /// The pool on each node. A list-map keyed by node, so that each node's agent
+    /// applies its own entry (server-side apply) without replacing the others'.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
     pub nodes: Vec<PoolNodeStatus>,
 }
 
@@ -193,9 +195,11 @@ pub struct PoolNodeStatus {
     pub free_bytes: Option<i64>,
     /// Disks the pool claimed on this node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["path"]))]
     pub disks: Vec<PoolDisk>,
     /// Disks that matched the filters but were refused, with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["path"]))]
     pub rejected: Vec<RejectedDisk>,
 }
 

@@ -1,0 +1,798 @@
+//! Claim: which of one node's disks a `StoragePool` takes, which it refuses and why,
+//! and whether the pool's layout can be built from what it may take.
+//!
+//! Pure: it judges a pool's spec against facts about the node's disks gathered
+//! elsewhere; building the pool is someone else's job, and nothing here touches a
+//! device. What the user sees in `status.nodes[].rejected` is the `reason` text
+//! produced here.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use castellan_crds::block_device::BlockDeviceState;
+use castellan_crds::storage_pool::{Layout, RejectedDisk, StoragePoolSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use regex::Regex;
+
+use super::safety::{self, DeviceFacts, Refusal, Verdict};
+
+/// One of the node's disks, as a pool sees it.
+#[derive(Clone, Debug)]
+pub struct Candidate<'a> {
+    /// The `BlockDevice` object's name.
+    pub block_device: &'a str,
+    pub path: &'a str,
+    pub size_bytes: u64,
+    pub state: Option<BlockDeviceState>,
+    /// The pool that already claimed it, if any.
+    pub pool: Option<&'a str>,
+    pub facts: DeviceFacts<'a>,
+}
+
+/// A disk the pool takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub block_device: String,
+    pub path: String,
+    pub size_bytes: u64,
+    /// Already a member of this pool (so not judged again: its btrfs signature and
+    /// mount are the pool's own).
+    pub member: bool,
+    /// What taking it destroys (non-empty only with `allowWipe`).
+    pub wipe: Vec<Refusal>,
+}
+
+/// The decision for one pool on one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub claims: Vec<Claim>,
+    pub rejected: Vec<RejectedDisk>,
+    /// Members of this pool that are not attached now: the pool is degraded here.
+    pub missing_members: Vec<String>,
+    /// `Err` when the claimable disks cannot carry the layout.
+    pub layout: Result<(), LayoutShortfall>,
+}
+
+/// A layout the node's disks cannot satisfy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayoutShortfall {
+    pub layout: Layout,
+    pub needed: usize,
+    pub available: usize,
+    pub rejected: usize,
+}
+
+impl fmt::Display for LayoutShortfall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let noun = if self.available == 1 { "disk" } else { "disks" };
+        write!(
+            f,
+            "layout {} needs at least {} disks, and {} {noun} can be claimed",
+            layout_name(self.layout),
+            self.needed,
+            self.available
+        )?;
+        if self.rejected > 0 {
+            write!(f, " ({} refused, see rejected)", self.rejected)?;
+        }
+        Ok(())
+    }
+}
+
+fn layout_name(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Single => "single",
+        Layout::Raid1 => "raid1",
+        Layout::Raid10 => "raid10",
+    }
+}
+
+/// The fewest disks a layout can be built on: btrfs raid1 keeps two copies on two
+/// devices; raid10 stripes mirrors and needs four.
+pub fn min_disks(layout: Layout) -> usize {
+    match layout {
+        Layout::Single => 1,
+        Layout::Raid1 => 2,
+        Layout::Raid10 => 4,
+    }
+}
+
+/// A spec the agent cannot apply; becomes a condition on the pool, not a retry.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SpecError {
+    #[error("devices.pathPattern {pattern:?} is not a valid regular expression: {message}")]
+    PathPattern { pattern: String, message: String },
+    #[error("devices.minSize {0:?} is not a quantity of bytes")]
+    MinSize(String),
+    #[error("nodeSelector: unsupported operator {0:?} (use In, NotIn, Exists or DoesNotExist)")]
+    SelectorOperator(String),
+}
+
+/// Whether a node with `labels` is one of the pool's nodes.
+pub fn selects_node(
+    selector: Option<&LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, SpecError> {
+    let Some(selector) = selector else {
+        return Ok(true);
+    };
+    let labels_match = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(key, value)| labels.get(key) == Some(value));
+    let mut expressions_match = true;
+    for expression in selector.match_expressions.iter().flatten() {
+        let value = labels.get(&expression.key);
+        let values = expression.values.as_deref().unwrap_or_default();
+        let matches = match expression.operator.as_str() {
+            "In" => value.is_some_and(|value| values.contains(value)),
+            "NotIn" => value.is_none_or(|value| !values.contains(value)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            other => return Err(SpecError::SelectorOperator(other.to_string())),
+        };
+        expressions_match &= matches;
+    }
+    Ok(labels_match && expressions_match)
+}
+
+/// Parses a Kubernetes quantity as a whole number of bytes (`100Gi`, `1.5G`, `1e9`,
+/// `4096`), rounding a fraction of a byte up.
+pub fn parse_bytes(quantity: &str) -> Option<u64> {
+    let text = quantity.trim();
+    let suffixes: [(&str, f64); 12] = [
+        ("Ki", 1024f64),
+        ("Mi", 1024f64.powi(2)),
+        ("Gi", 1024f64.powi(3)),
+        ("Ti", 1024f64.powi(4)),
+        ("Pi", 1024f64.powi(5)),
+        ("Ei", 1024f64.powi(6)),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+    ];
+    let (number, multiplier) = suffixes
+        .iter()
+        .find_map(|(suffix, multiplier)| {
+            text.strip_suffix(suffix)
+                .map(|number| (number, *multiplier))
+        })
+        .or_else(|| text.strip_suffix('m').map(|number| (number, 1e-3)))
+        .unwrap_or((text, 1.0));
+    // `f64::from_str` would also take `inf` and `NaN`; a quantity is digits, one
+    // optional point and an optional decimal exponent.
+    if number.is_empty()
+        || !number
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'))
+    {
+        return None;
+    }
+    let bytes = number.parse::<f64>().ok()? * multiplier;
+    (bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64).then(|| bytes.ceil() as u64)
+}
+
+/// Decides which of `candidates` (the node's disks) pool `pool` takes on `node`.
+pub fn decide(
+    pool: &str,
+    spec: &StoragePoolSpec,
+    node: &str,
+    candidates: &[Candidate<'_>],
+) -> Result<Decision, SpecError> {
+    let filter = &spec.devices;
+    let pattern = filter
+        .path_pattern
+        .as_deref()
+        .map(|pattern| {
+            Regex::new(pattern).map_err(|error| SpecError::PathPattern {
+                pattern: pattern.to_string(),
+                message: error.to_string(),
+            })
+        })
+        .transpose()?;
+    let min_size = filter
+        .min_size
+        .as_deref()
+        .map(|size| parse_bytes(size).ok_or_else(|| SpecError::MinSize(size.to_string())))
+        .transpose()?;
+    let listed: Option<&[String]> = filter
+        .nodes
+        .iter()
+        .find(|entry| entry.name == node)
+        .map(|entry| entry.paths.as_slice());
+
+    let mut decision = Decision {
+        claims: Vec::new(),
+        rejected: Vec::new(),
+        missing_members: Vec::new(),
+        layout: Ok(()),
+    };
+    let mut reject = |candidate: &Candidate<'_>, reason: String| {
+        decision.rejected.push(RejectedDisk {
+            block_device: Some(candidate.block_device.to_string()),
+            path: candidate.path.to_string(),
+            reason,
+        });
+    };
+    let mut claims = Vec::new();
+    let mut missing_members = Vec::new();
+
+    for candidate in candidates {
+        let named = listed.is_some_and(|paths| paths.iter().any(|path| path == candidate.path));
+        if listed.is_some() && !named {
+            continue;
+        }
+        // A filter a disk fails leaves it alone silently, unless the user named the
+        // disk explicitly: then they expect to hear why it was not taken.
+        let filtered = if pattern
+            .as_ref()
+            .is_some_and(|pattern| !pattern.is_match(candidate.path))
+        {
+            Some("does not match devices.pathPattern".to_string())
+        } else if min_size.is_some_and(|min| candidate.size_bytes < min) {
+            Some(format!(
+                "is smaller than devices.minSize ({} bytes < {})",
+                candidate.size_bytes,
+                filter.min_size.as_deref().unwrap_or_default()
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = filtered {
+            if named {
+                reject(candidate, reason);
+            }
+            continue;
+        }
+
+        if candidate.pool == Some(pool) {
+            if candidate.state == Some(BlockDeviceState::Missing) {
+                missing_members.push(candidate.block_device.to_string());
+            } else {
+                claims.push(Claim {
+                    block_device: candidate.block_device.to_string(),
+                    path: candidate.path.to_string(),
+                    size_bytes: candidate.size_bytes,
+                    member: true,
+                    wipe: Vec::new(),
+                });
+            }
+            continue;
+        }
+        if let Some(other) = candidate.pool {
+            reject(candidate, format!("is claimed by pool {other}"));
+            continue;
+        }
+        match candidate.state {
+            Some(BlockDeviceState::Missing) => {
+                reject(candidate, "is not attached (Missing)".to_string());
+                continue;
+            }
+            Some(BlockDeviceState::Failed) => {
+                reject(candidate, "has failed".to_string());
+                continue;
+            }
+            _ => {}
+        }
+        match safety::judge(&candidate.facts, filter.allow_wipe) {
+            Verdict::Claimable { wipe } => claims.push(Claim {
+                block_device: candidate.block_device.to_string(),
+                path: candidate.path.to_string(),
+                size_bytes: candidate.size_bytes,
+                member: false,
+                wipe,
+            }),
+            Verdict::Refused(reasons) => {
+                let mut reason = safety::join(&reasons);
+                if reasons.iter().all(Refusal::wipe_lifts) {
+                    reason.push_str(" (allowWipe is off)");
+                }
+                reject(candidate, reason);
+            }
+        }
+    }
+
+    for path in listed.unwrap_or_default() {
+        if !candidates.iter().any(|candidate| candidate.path == path) {
+            decision.rejected.push(RejectedDisk {
+                block_device: None,
+                path: path.clone(),
+                reason: format!("no such disk on node {node}"),
+            });
+        }
+    }
+
+    let needed = min_disks(spec.layout);
+    if claims.len() < needed {
+        decision.layout = Err(LayoutShortfall {
+            layout: spec.layout,
+            needed,
+            available: claims.len(),
+            rejected: decision.rejected.len(),
+        });
+    }
+    decision.claims = claims;
+    decision.missing_members = missing_members;
+    Ok(decision)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use crate::agent::probe::{Signature, SignatureKind};
+    use castellan_crds::storage_pool::{
+        DeviceFilter, NodeDevices, PoolStorageClass, ReclaimPolicy,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    const GIB: u64 = 1 << 30;
+
+    fn spec(layout: Layout, devices: DeviceFilter) -> StoragePoolSpec {
+        StoragePoolSpec {
+            node_selector: None,
+            devices,
+            layout,
+            storage_class: PoolStorageClass {
+                name: "fast".into(),
+                reclaim_policy: ReclaimPolicy::Delete,
+                default: false,
+            },
+        }
+    }
+
+    fn clean<'a>(name: &'a str, path: &'a str) -> Candidate<'a> {
+        Candidate {
+            block_device: name,
+            path,
+            size_bytes: 10 * GIB,
+            state: Some(BlockDeviceState::Unclaimed),
+            pool: None,
+            facts: DeviceFacts::default(),
+        }
+    }
+
+    fn ext4_signature() -> Vec<Signature> {
+        vec![Signature {
+            name: "ext4".into(),
+            kind: SignatureKind::Filesystem,
+            uuid: None,
+            device_uuid: None,
+            label: None,
+        }]
+    }
+
+    fn gpt_signature() -> Vec<Signature> {
+        vec![Signature {
+            name: "gpt".into(),
+            kind: SignatureKind::PartitionTable,
+            uuid: None,
+            device_uuid: None,
+            label: None,
+        }]
+    }
+
+    fn names(decision: &Decision) -> Vec<&str> {
+        decision
+            .claims
+            .iter()
+            .map(|claim| claim.block_device.as_str())
+            .collect()
+    }
+
+    fn reasons(decision: &Decision) -> Vec<(String, String)> {
+        decision
+            .rejected
+            .iter()
+            .map(|r| (r.path.clone(), r.reason.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn raid1_claims_exactly_the_clean_disks_and_names_the_others() {
+        let ext4 = ext4_signature();
+        let gpt = gpt_signature();
+        let disks = [
+            clean("a", "/dev/loop0"),
+            clean("b", "/dev/loop1"),
+            Candidate {
+                facts: DeviceFacts {
+                    signatures: &ext4,
+                    ..Default::default()
+                },
+                ..clean("c", "/dev/loop2")
+            },
+            Candidate {
+                facts: DeviceFacts {
+                    signatures: &gpt,
+                    ..Default::default()
+                },
+                ..clean("d", "/dev/loop3")
+            },
+        ];
+        let decision = decide(
+            "p",
+            &spec(Layout::Raid1, DeviceFilter::default()),
+            "n1",
+            &disks,
+        )
+        .unwrap();
+        assert_eq!(names(&decision), ["a", "b"]);
+        assert_eq!(
+            reasons(&decision),
+            [
+                (
+                    "/dev/loop2".into(),
+                    "has an ext4 filesystem (allowWipe is off)".into()
+                ),
+                (
+                    "/dev/loop3".into(),
+                    "has a partition table (gpt) (allowWipe is off)".into()
+                ),
+            ]
+        );
+        assert_eq!(decision.rejected[0].block_device.as_deref(), Some("c"));
+        assert_eq!(decision.layout, Ok(()));
+
+        let wipe = DeviceFilter {
+            allow_wipe: true,
+            ..Default::default()
+        };
+        let decision = decide("p", &spec(Layout::Raid1, wipe), "n1", &disks).unwrap();
+        assert_eq!(names(&decision), ["a", "b", "c", "d"]);
+        assert_eq!(
+            decision.claims[2].wipe,
+            [Refusal::Filesystem("ext4".into())]
+        );
+        assert!(decision.rejected.is_empty());
+    }
+
+    #[test]
+    fn use_by_the_host_is_refused_even_with_wipe_and_without_the_wipe_hint() {
+        let ext4 = ext4_signature();
+        let mounts = ["/data".to_string()];
+        let disks = [Candidate {
+            facts: DeviceFacts {
+                signatures: &ext4,
+                mount_points: &mounts,
+                ..Default::default()
+            },
+            ..clean("a", "/dev/sda")
+        }];
+        let wipe = DeviceFilter {
+            allow_wipe: true,
+            ..Default::default()
+        };
+        let decision = decide("p", &spec(Layout::Single, wipe), "n1", &disks).unwrap();
+        assert_eq!(
+            reasons(&decision),
+            [(
+                "/dev/sda".into(),
+                "is mounted at /data; has an ext4 filesystem".into()
+            )]
+        );
+        assert_eq!(
+            decision.layout.unwrap_err().to_string(),
+            "layout single needs at least 1 disks, and 0 disks can be claimed (1 refused, see rejected)"
+        );
+    }
+
+    #[test]
+    fn layouts_need_their_disk_counts() {
+        assert_eq!(
+            (
+                min_disks(Layout::Single),
+                min_disks(Layout::Raid1),
+                min_disks(Layout::Raid10)
+            ),
+            (1, 2, 4)
+        );
+        let one = [clean("a", "/dev/sda")];
+        let decision = decide(
+            "p",
+            &spec(Layout::Raid1, DeviceFilter::default()),
+            "n1",
+            &one,
+        )
+        .unwrap();
+        let shortfall = decision.layout.unwrap_err();
+        assert_eq!(
+            shortfall,
+            LayoutShortfall {
+                layout: Layout::Raid1,
+                needed: 2,
+                available: 1,
+                rejected: 0
+            }
+        );
+        assert_eq!(
+            shortfall.to_string(),
+            "layout raid1 needs at least 2 disks, and 1 disk can be claimed"
+        );
+
+        let three = [
+            clean("a", "/dev/sda"),
+            clean("b", "/dev/sdb"),
+            clean("c", "/dev/sdc"),
+        ];
+        let decision = decide(
+            "p",
+            &spec(Layout::Raid10, DeviceFilter::default()),
+            "n1",
+            &three,
+        )
+        .unwrap();
+        assert_eq!(decision.layout.unwrap_err().needed, 4);
+        let four = [
+            clean("a", "/dev/sda"),
+            clean("b", "/dev/sdb"),
+            clean("c", "/dev/sdc"),
+            clean("d", "/dev/sdd"),
+        ];
+        let decision = decide(
+            "p",
+            &spec(Layout::Raid10, DeviceFilter::default()),
+            "n1",
+            &four,
+        )
+        .unwrap();
+        assert_eq!(decision.layout, Ok(()));
+        assert!(
+            decide(
+                "p",
+                &spec(Layout::Single, DeviceFilter::default()),
+                "n1",
+                &one
+            )
+            .unwrap()
+            .layout
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn filters_leave_disks_alone_silently() {
+        let disks = [
+            clean("a", "/dev/sda"),
+            clean("b", "/dev/sdb"),
+            Candidate {
+                size_bytes: GIB,
+                ..clean("c", "/dev/sdc")
+            },
+        ];
+        let filter = DeviceFilter {
+            path_pattern: Some("^/dev/sd[b-z]$".into()),
+            min_size: Some("2Gi".into()),
+            ..Default::default()
+        };
+        let decision = decide("p", &spec(Layout::Single, filter), "n1", &disks).unwrap();
+        assert_eq!(names(&decision), ["b"]);
+        assert!(decision.rejected.is_empty());
+    }
+
+    #[test]
+    fn an_explicit_list_limits_the_node_and_explains_every_named_disk() {
+        let disks = [
+            clean("a", "/dev/sda"),
+            clean("b", "/dev/sdb"),
+            Candidate {
+                size_bytes: GIB,
+                ..clean("c", "/dev/sdc")
+            },
+            clean("d", "/dev/vdd"),
+        ];
+        let filter = DeviceFilter {
+            path_pattern: Some("^/dev/sd".into()),
+            min_size: Some("2Gi".into()),
+            nodes: vec![
+                NodeDevices {
+                    name: "n1".into(),
+                    paths: vec![
+                        "/dev/sdb".into(),
+                        "/dev/sdc".into(),
+                        "/dev/vdd".into(),
+                        "/dev/sdz".into(),
+                    ],
+                },
+                NodeDevices {
+                    name: "n2".into(),
+                    paths: vec!["/dev/sda".into()],
+                },
+            ],
+            allow_wipe: false,
+        };
+        let decision = decide("p", &spec(Layout::Single, filter.clone()), "n1", &disks).unwrap();
+        assert_eq!(names(&decision), ["b"]);
+        assert_eq!(
+            reasons(&decision),
+            [
+                (
+                    "/dev/sdc".into(),
+                    format!("is smaller than devices.minSize ({GIB} bytes < 2Gi)")
+                ),
+                (
+                    "/dev/vdd".into(),
+                    "does not match devices.pathPattern".into()
+                ),
+                ("/dev/sdz".into(), "no such disk on node n1".into()),
+            ]
+        );
+        assert_eq!(decision.rejected[2].block_device, None);
+
+        // A node the list does not name is judged by the other filters alone.
+        let decision = decide("p", &spec(Layout::Single, filter), "n3", &disks).unwrap();
+        assert_eq!(names(&decision), ["a", "b"]);
+    }
+
+    #[test]
+    fn members_other_pools_missing_and_failed_disks() {
+        let ext4 = ext4_signature();
+        let disks = [
+            // A member carries the pool's own filesystem: not judged again.
+            Candidate {
+                pool: Some("p"),
+                state: Some(BlockDeviceState::InUse),
+                facts: DeviceFacts {
+                    signatures: &ext4,
+                    ..Default::default()
+                },
+                ..clean("a", "/dev/sda")
+            },
+            Candidate {
+                pool: Some("p"),
+                state: Some(BlockDeviceState::Missing),
+                ..clean("b", "/dev/sdb")
+            },
+            Candidate {
+                pool: Some("other"),
+                state: Some(BlockDeviceState::InUse),
+                ..clean("c", "/dev/sdc")
+            },
+            Candidate {
+                state: Some(BlockDeviceState::Missing),
+                ..clean("d", "/dev/sdd")
+            },
+            Candidate {
+                state: Some(BlockDeviceState::Failed),
+                ..clean("e", "/dev/sde")
+            },
+        ];
+        let decision = decide(
+            "p",
+            &spec(Layout::Raid1, DeviceFilter::default()),
+            "n1",
+            &disks,
+        )
+        .unwrap();
+        assert_eq!(names(&decision), ["a"]);
+        assert!(decision.claims[0].member);
+        assert_eq!(decision.missing_members, ["b"]);
+        assert_eq!(
+            reasons(&decision),
+            [
+                ("/dev/sdc".into(), "is claimed by pool other".into()),
+                ("/dev/sdd".into(), "is not attached (Missing)".into()),
+                ("/dev/sde".into(), "has failed".into()),
+            ]
+        );
+        assert_eq!(decision.layout.unwrap_err().available, 1);
+    }
+
+    #[test]
+    fn bad_filters_are_spec_errors() {
+        let filter = DeviceFilter {
+            path_pattern: Some("(".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            decide("p", &spec(Layout::Single, filter), "n", &[]),
+            Err(SpecError::PathPattern { .. })
+        ));
+        let filter = DeviceFilter {
+            min_size: Some("lots".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide("p", &spec(Layout::Single, filter), "n", &[]).unwrap_err(),
+            SpecError::MinSize("lots".into())
+        );
+    }
+
+    #[test]
+    fn quantities_parse_to_bytes() {
+        let cases = [
+            ("4096", Some(4096)),
+            ("100Gi", Some(100 * GIB)),
+            ("1.5Gi", Some(3 * GIB / 2)),
+            ("2Ki", Some(2048)),
+            ("3Mi", Some(3 << 20)),
+            ("1Ti", Some(1 << 40)),
+            ("1Pi", Some(1 << 50)),
+            ("1Ei", Some(1 << 60)),
+            ("1k", Some(1000)),
+            ("2M", Some(2_000_000)),
+            ("1G", Some(1_000_000_000)),
+            ("1T", Some(1_000_000_000_000)),
+            ("1P", Some(1_000_000_000_000_000)),
+            ("1E", Some(1_000_000_000_000_000_000)),
+            ("1e3", Some(1000)),
+            ("1500m", Some(2)),
+            (" 7 ", Some(7)),
+            ("", None),
+            ("Gi", None),
+            ("inf", None),
+            ("NaN", None),
+            ("-1", None),
+            ("99E", None),
+            ("1.2.3", None),
+        ];
+        for (text, bytes) in cases {
+            assert_eq!(parse_bytes(text), bytes, "{text:?}");
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn requirement(key: &str, operator: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: Some(values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn node_selectors_match_labels_and_expressions() {
+        let node = labels(&[("disk", "ssd"), ("zone", "a")]);
+        assert_eq!(selects_node(None, &node), Ok(true));
+        let by_labels = LabelSelector {
+            match_labels: Some(labels(&[("disk", "ssd")])),
+            match_expressions: None,
+        };
+        assert_eq!(selects_node(Some(&by_labels), &node), Ok(true));
+        assert_eq!(
+            selects_node(Some(&by_labels), &labels(&[("disk", "hdd")])),
+            Ok(false)
+        );
+
+        let cases = [
+            (requirement("zone", "In", &["a", "b"]), true),
+            (requirement("zone", "In", &["c"]), false),
+            (requirement("zone", "NotIn", &["c"]), true),
+            (requirement("zone", "NotIn", &["a"]), false),
+            (requirement("rack", "NotIn", &["a"]), true),
+            (requirement("zone", "Exists", &[]), true),
+            (requirement("rack", "Exists", &[]), false),
+            (requirement("rack", "DoesNotExist", &[]), true),
+            (requirement("zone", "DoesNotExist", &[]), false),
+        ];
+        for (expression, expected) in cases {
+            let selector = LabelSelector {
+                match_labels: None,
+                match_expressions: Some(vec![expression.clone()]),
+            };
+            assert_eq!(
+                selects_node(Some(&selector), &node),
+                Ok(expected),
+                "{expression:?}"
+            );
+        }
+        let bad = LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![requirement("zone", "Gt", &["1"])]),
+        };
+        assert_eq!(
+            selects_node(Some(&bad), &node),
+            Err(SpecError::SelectorOperator("Gt".into()))
+        );
+    }
+}

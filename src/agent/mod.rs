@@ -1,0 +1,256 @@
+//! The node agent (`castellan agent`): finds this node's disks and keeps its
+//! `BlockDevice` objects current.
+//!
+//! This module is the shell that wires the parts together: a full look at the disks
+//! (`observe`) on start, after every debounced burst of kernel uevents (`uevent`) and
+//! on a periodic timer as a fallback, each written to the API server by `inventory`.
+//! The parts own the logic; nothing here decides anything about a disk.
+
+// The pool-member actor that acts on claims and builds the btrfs comes next; until
+// it does the binary calls neither, and only their tests do.
+#[cfg_attr(not(test), allow(dead_code))]
+pub mod btrfs;
+#[cfg_attr(not(test), allow(dead_code))]
+pub mod claim;
+pub mod discovery;
+pub mod identity;
+pub mod inventory;
+pub mod observe;
+pub mod probe;
+pub mod safety;
+pub mod uevent;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Api, Client, ResourceExt};
+use regex::Regex;
+use tokio::sync::mpsc;
+
+use inventory::Inventory;
+use observe::{AllowList, Sources};
+
+/// Node annotation holding the allow-list pattern when `--device-allow` is not given.
+pub const DEVICE_ALLOW_ANNOTATION: &str = "castellan.io/device-allow";
+
+/// `castellan agent` flags.
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// The Node this agent runs on (in a DaemonSet: `spec.nodeName` via the downward API).
+    #[arg(long)]
+    pub node_name: String,
+    /// Report only devices whose path, or loop backing file, matches this regular
+    /// expression. Without it, the Node's `castellan.io/device-allow` annotation, and
+    /// without that, every disk.
+    #[arg(long)]
+    pub device_allow: Option<String>,
+    /// Seconds between full rescans, the fallback for missed uevents.
+    #[arg(long, default_value_t = 30)]
+    pub rescan_seconds: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How the agent writes its logs (on stderr).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+fn init_logging(format: LogFormat) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    }
+    .map_err(|error| anyhow::anyhow!("installing the log subscriber: {error}"))
+}
+
+async fn serve(args: AgentArgs) -> anyhow::Result<()> {
+    let node = args.node_name.clone();
+    let client = Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API server (in-cluster config or KUBECONFIG)")?;
+
+    let node_object = Api::<Node>::all(client.clone())
+        .get_opt(&node)
+        .await
+        .with_context(|| format!("reading Node {node}"))?;
+    if node_object.is_none() {
+        tracing::warn!(%node, "no Node object with this name: BlockDevices get no owner and are not deleted with the node");
+    }
+    // Read once: changing the annotation takes effect when the agent restarts.
+    let pattern = allow_pattern(args.device_allow.as_deref(), node_object.as_ref());
+    let allow = AllowList(
+        pattern
+            .as_deref()
+            .map(Regex::new)
+            .transpose()
+            .with_context(|| format!("compiling the device allow-list {pattern:?}"))?,
+    );
+    let owner = node_object.as_ref().and_then(node_owner);
+    let inventory = Inventory::new(client, &node, owner);
+    let sources = Sources::default();
+    tracing::info!(%node, allow = pattern.as_deref().unwrap_or("(every disk)"), rescan_seconds = args.rescan_seconds, "agent starting");
+
+    // Open the socket before the first scan, so a disk attached while it runs
+    // still triggers a second one.
+    let (triggers, mut rescans) = mpsc::channel(1);
+    let listener = uevent::Listener::open().context("listening for kernel uevents")?;
+    let mut listening = tokio::spawn(listener.run(uevent::Debounce::default(), triggers));
+
+    let mut interval = tokio::time::interval(Duration::from_secs(args.rescan_seconds.max(1)));
+    // After a slow rescan, wait a full period again rather than catching up in a burst.
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    loop {
+        let cause = tokio::select! {
+            _ = interval.tick() => "periodic",
+            Some(()) = rescans.recv() => "uevent",
+            finished = &mut listening => {
+                // Hotplug is what keeps objects current within seconds: without it the
+                // agent would silently fall back to the slow timer, so stop and let the
+                // supervisor (DaemonSet) restart it with a visible reason.
+                return match finished {
+                    Ok(Ok(())) => Err(anyhow::anyhow!("the uevent listener stopped")),
+                    Ok(Err(error)) => Err(error).context("the uevent listener failed"),
+                    Err(error) => Err(error).context("the uevent listener task panicked"),
+                };
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        };
+        rescan(&node, &allow, &sources, &inventory, cause).await;
+    }
+    tracing::info!(%node, "agent stopping");
+    listening.abort();
+    Ok(())
+}
+
+/// One look and one reconcile. Failures are logged and retried by the next trigger:
+/// an API server restart must not kill the agent.
+async fn rescan(
+    node: &str,
+    allow: &AllowList,
+    sources: &Sources,
+    inventory: &Inventory,
+    cause: &str,
+) {
+    let started = Instant::now();
+    let (node_name, allow_list, from) = (node.to_string(), allow.clone(), sources.clone());
+    let observation =
+        match tokio::task::spawn_blocking(move || observe::observe(&node_name, &allow_list, &from))
+            .await
+        {
+            Ok(Ok(observation)) => observation,
+            Ok(Err(error)) => {
+                tracing::error!(%node, %error, "scanning disks failed");
+                return;
+            }
+            Err(error) => {
+                tracing::error!(%node, %error, "the disk scan panicked");
+                return;
+            }
+        };
+    for reason in &observation.skipped {
+        tracing::warn!(%node, reason = %reason, "disk skipped");
+    }
+    match inventory.reconcile(&observation.devices).await {
+        Ok(writes) => {
+            for write in &writes {
+                let state = write.status.as_ref().and_then(|status| status.state);
+                tracing::info!(%node, device = %write.name, spec = write.spec.is_some(), ?state, "BlockDevice written");
+            }
+            tracing::debug!(%node, cause, devices = observation.devices.len(), writes = writes.len(), elapsed_ms = started.elapsed().as_millis() as u64, "rescan done");
+        }
+        Err(error) => tracing::error!(%node, %error, "updating BlockDevices failed"),
+    }
+}
+
+/// The allow-list pattern: the flag if given, else the Node's annotation, else none.
+fn allow_pattern(flag: Option<&str>, node: Option<&Node>) -> Option<String> {
+    flag.map(str::to_string)
+        .or_else(|| node.and_then(|node| node.annotations().get(DEVICE_ALLOW_ANNOTATION).cloned()))
+}
+
+/// An owner reference to the Node, so its BlockDevices are garbage-collected with it.
+fn node_owner(node: &Node) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: <Node as k8s_openapi::Resource>::API_VERSION.to_string(),
+        kind: <Node as k8s_openapi::Resource>::KIND.to_string(),
+        name: node.name_any(),
+        uid: node.uid()?,
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+
+    fn node(annotation: Option<&str>, uid: Option<&str>) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                uid: uid.map(Into::into),
+                annotations: annotation.map(|pattern| {
+                    [(DEVICE_ALLOW_ANNOTATION.to_string(), pattern.to_string())].into()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_flag_wins_over_the_annotation_which_wins_over_nothing() {
+        let annotated = node(Some("^/srv/n1/"), None);
+        assert_eq!(
+            allow_pattern(Some("^/dev/sdb$"), Some(&annotated)).as_deref(),
+            Some("^/dev/sdb$")
+        );
+        assert_eq!(
+            allow_pattern(None, Some(&annotated)).as_deref(),
+            Some("^/srv/n1/")
+        );
+        assert_eq!(allow_pattern(None, Some(&node(None, None))), None);
+        assert_eq!(allow_pattern(None, None), None);
+    }
+
+    #[test]
+    fn the_owner_is_the_node_when_it_has_a_uid() {
+        let owner = node_owner(&node(None, Some("u-1"))).unwrap();
+        assert_eq!(
+            (owner.api_version.as_str(), owner.kind.as_str()),
+            ("v1", "Node")
+        );
+        assert_eq!((owner.name.as_str(), owner.uid.as_str()), ("n1", "u-1"));
+        assert_eq!(owner.controller, None);
+        assert_eq!(node_owner(&node(None, None)), None);
+    }
+}
