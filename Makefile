@@ -14,14 +14,15 @@ export CARGO_TERM_COLOR ?= never
 # other ports.
 TEST_DEV_DIR := $(CURDIR)/.dev/test
 TEST_PORT_BASE := 26000
+TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE)
 
 # The crates whose tests make up the suite.
-PACKAGES := -p castellan -p castellan-crds -p castellan-actors
+PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
 .PHONY: help deps controlplane build up down crds check test
 
 help:
-	@echo "make up     start the local cluster (control plane) with Castellan's CRDs"
+	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy) with Castellan's CRDs"
 	@echo "make down   stop it and remove its state"
 	@echo "make test   formatting, lints, unit and end-to-end tests"
 	@echo "make crds   regenerate crds/ from the Rust types"
@@ -37,9 +38,11 @@ build: deps
 
 up: controlplane
 	@deploy/local/cluster.sh up
+	@deploy/local/nodes.sh up
 	@echo "KUBECONFIG=$(CURDIR)/.dev/kubeconfig $(CURDIR)/.dev/bin/kubectl get castellan"
 
 down:
+	@deploy/local/nodes.sh down
 	@deploy/local/cluster.sh down
 
 crds: deps
@@ -53,7 +56,9 @@ check: deps
 # this target starts and always stops, whatever the outcome.
 test: check controlplane
 	cargo test $(PACKAGES) --lib --bins
-	@CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh down >/dev/null 2>&1 || true
-	@trap 'CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh down' EXIT; \
-	  CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BASE) deploy/local/cluster.sh up; \
+	@$(TEST_ENV) deploy/local/nodes.sh down >/dev/null 2>&1 || true
+	@$(TEST_ENV) deploy/local/cluster.sh down >/dev/null 2>&1 || true
+	@trap '$(TEST_ENV) deploy/local/nodes.sh down; $(TEST_ENV) deploy/local/cluster.sh down' EXIT; \
+	  $(TEST_ENV) deploy/local/cluster.sh up; \
+	  $(TEST_ENV) deploy/local/nodes.sh up; \
 	  CASTELLAN_KUBECONFIG=$(TEST_DEV_DIR)/kubeconfig cargo test $(PACKAGES) --test '*'

@@ -106,11 +106,19 @@ KUBECONFIG
   chmod 600 "$file"
 }
 
+# Whether the pid recorded for a component is still that component. Pids wrap quickly
+# (pid_max may be 32768), so a stale pid file can name an unrelated process; nothing
+# is signalled unless its executable is the component's own.
+ours() { # name pid
+  [[ "$2" =~ ^[0-9]+$ ]] && (( $2 > 1 )) || return 1
+  [[ "$(basename "$(readlink "/proc/$2/exe" 2>/dev/null)")" == "$1" ]]
+}
+
 running() { # name
   local pid
   [[ -f "$pids/$1" ]] || return 1
   pid="$(cat "$pids/$1")"
-  kill -0 "$pid" 2>/dev/null
+  ours "$1" "$pid"
 }
 
 start() { # name command...
@@ -216,10 +224,11 @@ stop() { # name
   local name="$1" pid
   [[ -f "$pids/$name" ]] || return 0
   pid="$(cat "$pids/$name")"
-  if kill -0 "$pid" 2>/dev/null; then
+  if ours "$name" "$pid"; then
+    # Each component leads its own process group (setsid): end the group.
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do ours "$name" "$pid" || break; sleep 0.1; done
+    if ours "$name" "$pid"; then kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; fi
   fi
   rm -f "$pids/$name"
 }

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Process-backed nodes and the Service proxy for the local cluster (deploy/node):
+# castellan-devnode processes beside the control plane that cluster.sh started.
+#
+#   nodes.sh up           build castellan-devnode, start the nodes and the proxy, wait Ready
+#   nodes.sh down         stop them all, and every container process they started
+#   nodes.sh stop NAME    stop one node as a lost machine would (its pods' processes die)
+#   nodes.sh start NAME   start one node again (it resumes its pods)
+#   nodes.sh status       exit 0 when every node and the proxy run
+#
+# Environment:
+#   CASTELLAN_DEV_DIR    the cluster's state directory (default: <repo>/.dev)
+#   CASTELLAN_NODES      how many nodes (default 3: node-1 … node-3)
+#   CASTELLAN_IMAGES     image map for the nodes (default: deploy/node/images.yaml if present)
+#   CARGO_TARGET_DIR     where cargo builds (default: /var/cache/castellan/target)
+# Kubelet ports follow the API server's port: its port base + 100 + the node's index.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+dev="${CASTELLAN_DEV_DIR:-$repo/.dev}"
+count="${CASTELLAN_NODES:-3}"
+target="${CARGO_TARGET_DIR:-/var/cache/castellan/target}"
+bin="$target/debug/castellan-devnode"
+pki="$dev/pki"
+logs="$dev/logs"
+pids="$dev/pids"
+kubeconfig="$dev/kubeconfig"
+
+log() { echo "nodes: $*" >&2; }
+die() { echo "nodes: error: $*" >&2; exit 1; }
+
+# The API server's port base (for the kubelet ports), from the cluster's kubeconfig.
+port_base() {
+  [[ -f "$kubeconfig" ]] || die "no cluster in $dev (run deploy/local/cluster.sh up first)"
+  local api_port
+  api_port="$(sed -nE 's#^ *server: https://[^:]+:([0-9]+).*#\1#p' "$kubeconfig" | head -n1)"
+  [[ -n "$api_port" ]] || die "cannot read the API server port from $kubeconfig"
+  echo $((api_port - 443))
+}
+
+names() { local i; for i in $(seq 1 "$count"); do echo "node-$i"; done; }
+index_of() { [[ "$1" =~ ^node-([0-9]+)$ ]] || die "node names are node-N, not $1"; echo "${BASH_REMATCH[1]}"; }
+
+build() {
+  log "building castellan-devnode"
+  (cd "$repo" && CARGO_TARGET_DIR="$target" nice cargo build --quiet -p castellan-devnode) \
+    || die "building castellan-devnode failed"
+}
+
+# The kubelet serving certificate: signed by the cluster CA, since the API server checks
+# it (--kubelet-certificate-authority) when it fetches logs.
+node_cert() { # name
+  local name="$1"
+  [[ -f "$pki/$name.crt" ]] && return 0
+  local ext="$pki/$name.ext"
+  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=serverAuth,clientAuth" "subjectAltName=IP:127.0.0.1,DNS:$name" > "$ext"
+  openssl genrsa -out "$pki/$name.key" 2048 2>/dev/null
+  openssl req -new -key "$pki/$name.key" -subj "/O=system:nodes/CN=system:node:$name" \
+    -out "$pki/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -sha256 -extfile "$ext" -out "$pki/$name.crt" 2>/dev/null
+  rm -f "$pki/$name.csr" "$ext"
+}
+
+# Whether the process in a pid file still runs and is ours: pids wrap around quickly
+# (pid_max is often 32768), so a stale pid file may name an unrelated process, which
+# must never be signalled.
+ours() { # pid
+  [[ "$1" =~ ^[0-9]+$ && "$1" -gt 1 ]] || return 1
+  case "$(readlink "/proc/$1/exe" 2>/dev/null)" in
+    */castellan-devnode | */"castellan-devnode (deleted)") return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+running() { # name
+  [[ -f "$pids/$1" ]] || return 1
+  ours "$(cat "$pids/$1")"
+}
+
+start_process() { # name command...
+  local name="$1"; shift
+  running "$name" && return 0
+  setsid "$@" >>"$logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$pids/$name"
+}
+
+images_args() {
+  local images="${CASTELLAN_IMAGES:-$repo/deploy/node/images.yaml}"
+  [[ -f "$images" ]] && echo "--images $images"
+  return 0
+}
+
+start_node() { # name
+  local name="$1" index base
+  index="$(index_of "$name")"
+  base="$(port_base)"
+  node_cert "$name"
+  # shellcheck disable=SC2046 # images_args is empty or two words
+  start_process "$name" "$bin" node --kubeconfig "$kubeconfig" --name "$name" --index "$index" \
+    --state-dir "$dev/nodes/$name" --kubelet-port $((base + 100 + index)) \
+    --tls-cert "$pki/$name.crt" --tls-key "$pki/$name.key" --client-ca "$pki/ca.crt" \
+    $(images_args)
+}
+
+stop_process() { # name
+  local name="$1" pid
+  [[ -f "$pids/$name" ]] || return 0
+  pid="$(cat "$pids/$name")"
+  if ours "$pid"; then
+    # SIGTERM: the node kills its containers' processes itself, then exits.
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do ours "$pid" || break; sleep 0.1; done
+    if ours "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+  fi
+  rm -f "$pids/$name"
+}
+
+# Whatever a node that was killed outright could not stop: the process groups it
+# recorded under processes/, when the recorded start time shows it is the same process.
+kill_recorded() { # state-dir
+  local record pid recorded now
+  for record in "$1"/processes/*; do
+    [[ -f "$record" ]] || continue
+    pid="$(basename "$record")"
+    recorded="$(cut -d' ' -f1 < "$record")"
+    now="$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f20 || true)"
+    if [[ "$pid" -gt 1 && -n "$now" && "$now" == "$recorded" ]]; then kill -KILL -- "-$pid" 2>/dev/null || true; fi
+    rm -f "$record"
+  done
+}
+
+# Container processes of this cluster's nodes, found by the marker every container
+# process inherits (CASTELLAN_DEVNODE_CONTAINER=<node state>/pods/...): this also finds
+# processes that left their container's process group.
+marked() { # [node-name]
+  local prefix="CASTELLAN_DEVNODE_CONTAINER=$dev/nodes/${1:+$1/}" file pid
+  for file in /proc/[0-9]*/environ; do
+    pid="${file#/proc/}"; pid="${pid%/environ}"
+    # Kernel threads and processes that just exited have no readable environment.
+    if { tr '\0' '\n' < "$file"; } 2>/dev/null | grep -qF -- "$prefix"; then echo "$pid"; fi
+  done
+}
+
+kill_marked() { # [node-name]
+  local pid round
+  for round in 1 2 3; do
+    for pid in $(marked "${1:-}"); do if [[ "$pid" -gt 1 ]]; then kill -KILL "$pid" 2>/dev/null || true; fi; done
+  done
+}
+
+wait_ready() { # name...
+  local k=("$dev/bin/kubectl" --kubeconfig "$kubeconfig") name
+  for name in "$@"; do
+    for _ in $(seq 1 60); do
+      running "$name" || { tail -n 5 "$logs/$name.log" >&2; die "$name exited; its log is $logs/$name.log"; }
+      "${k[@]}" get node "$name" >/dev/null 2>&1 && break
+      sleep 0.5
+    done
+    "${k[@]}" wait --for condition=Ready --timeout 60s "node/$name" >/dev/null \
+      || die "$name did not become Ready; its log is $logs/$name.log"
+  done
+}
+
+up() {
+  port_base >/dev/null
+  build
+  mkdir -p "$logs" "$pids" "$dev/nodes"
+  local name
+  for name in $(names); do start_node "$name"; done
+  start_process proxy "$bin" proxy --kubeconfig "$kubeconfig"
+  # shellcheck disable=SC2046
+  wait_ready $(names)
+  running proxy || die "the proxy exited; its log is $logs/proxy.log"
+  log "$count nodes and the proxy are running (logs in $logs)"
+}
+
+down() {
+  local name dir
+  stop_process proxy
+  for name in $(cd "$pids" 2>/dev/null && ls -d node-* 2>/dev/null); do stop_process "$name"; done
+  for dir in "$dev"/nodes/*; do [[ -d "$dir" ]] && kill_recorded "$dir"; done
+  kill_marked
+  # Like cluster.sh down: anything of ours still alive now is a leak, said loudly.
+  local pid left=""
+  for pid in $(marked) $(pgrep -f -- "castellan-devnode .*--kubeconfig $kubeconfig" || true); do
+    left+="$pid $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"$'\n'
+  done
+  if [[ -n "$left" ]]; then
+    echo "$left" >&2
+    die "processes of the nodes in $dev are still running after down"
+  fi
+  log "nodes and proxy stopped"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  stop) [[ -n "${2:-}" ]] || die "usage: $0 stop NAME"; stop_process "$2"; kill_recorded "$dev/nodes/$2"; kill_marked "$2" ;;
+  start) [[ -n "${2:-}" ]] || die "usage: $0 start NAME"; mkdir -p "$logs" "$pids"; start_node "$2"; wait_ready "$2" ;;
+  status) for name in $(names) proxy; do running "$name" || exit 1; done ;;
+  *) echo "usage: $0 up|down|stop NAME|start NAME|status" >&2; exit 2 ;;
+esac
