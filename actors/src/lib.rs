@@ -1,8 +1,20 @@
-//! Castellan's actor tree: the supervised actors (one per pool, cluster, replica,
-//! backup, schedule) and the pure `(state, event) -> (state, effects)` state machines
-//! they run. See `docs/architecture.md`.
-//!
-//! Nothing lives here yet: the first state machines arrive with the DatabaseCluster
-//! controller. This crate exists now so that the workspace already has the shape the
-//! architecture describes and later work does not have to move code between crates.
+//! Castellan's actor tree: the generic machinery the operator's and agent's actors
+//! stand on. [`supervisor`] is the tree (parents own named children and restart the
+//! ones that fail or panic, with back-off, reporting the ones that keep failing),
+//! [`state_machine`] is the shape of every actor (a pure
+//! `(state, event) -> (state, effects)` machine plus an effect executor), and
+//! [`system`] runs the actix system on its own thread so tokio/kube-rs code can talk
+//! to it. See `docs/actors.md`.
 #![forbid(unsafe_code)]
+
+pub mod state_machine;
+pub mod supervisor;
+pub mod system;
+
+pub use state_machine::{Effects, Event, GetState, MachineActor, MachineSpec, StateMachine};
+pub use supervisor::{
+    Child, ChildExit, ChildFailing, ChildKey, ChildLink, ChildStatus, ChildStopped, FailureSink,
+    GetChild, GetChildStatus, RestartNow, RestartPolicy, Shutdown, StartChild, StopChild,
+    Supervisor, catch_panic,
+};
+pub use system::{ActorSystem, SystemError};

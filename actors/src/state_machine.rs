@@ -1,0 +1,433 @@
+//! The functional core and its thin shell. A [`StateMachine`] is pure —
+//! `transition(state, event) -> (state, effects)`, no I/O — and an [`Effects`] executor
+//! performs the effects it asks for. [`MachineActor`] is the generic actor that joins the
+//! two: it feeds each [`Event`] into the machine inside a tracing span, hands the
+//! effects to the executor, and answers with the new state. A concrete actor of the tree
+//! is therefore a state machine plus an executor, and nothing else.
+//!
+//! The shell catches a panic in either half at the handler boundary, records it on its
+//! [`ChildLink`] and stops, so its supervisor restarts it from its spec.
+
+use std::fmt::Debug;
+
+use actix::prelude::*;
+use tracing::{debug_span, error};
+
+use crate::supervisor::{Child, ChildKey, ChildLink, Shutdown, catch_panic};
+
+/// A pure state machine: every transition is a function of the state and the event.
+pub trait StateMachine: 'static {
+    type State: Clone + Debug + Unpin + Send + 'static;
+    type Event: Debug + Unpin + Send + 'static;
+    type Effect: Debug + 'static;
+
+    fn transition(state: Self::State, event: Self::Event) -> (Self::State, Vec<Self::Effect>);
+}
+
+/// Performs effects: the only place a machine's actor touches the outside world.
+pub trait Effects<M: StateMachine>: Unpin + 'static {
+    /// Performs one effect. Slow work is spawned (or handed to another actor) and its
+    /// outcome comes back as an event through `events`; this call must not block.
+    fn execute(&mut self, effect: M::Effect, events: &Recipient<Event<M>>);
+}
+
+/// An event for a [`MachineActor`]; the reply is the state after the transition, or
+/// `None` if the transition or an effect panicked (the actor is then stopping).
+pub struct Event<M: StateMachine>(pub M::Event);
+
+impl<M: StateMachine> Message for Event<M> {
+    type Result = Option<M::State>;
+}
+
+/// What a supervisor needs to (re)build a [`MachineActor`].
+#[derive(Debug, Clone)]
+pub struct MachineSpec<S, X> {
+    pub initial: S,
+    pub effects: X,
+}
+
+/// The generic shell around a [`StateMachine`] and its [`Effects`] executor.
+pub struct MachineActor<M: StateMachine, X: Effects<M>> {
+    key: ChildKey,
+    /// `None` only after a panic, when the actor is stopping and has no valid state.
+    state: Option<M::State>,
+    effects: X,
+    link: ChildLink,
+}
+
+impl<M: StateMachine, X: Effects<M>> MachineActor<M, X> {
+    pub fn new(link: ChildLink, initial: M::State, effects: X) -> Self {
+        Self {
+            key: link.key().to_owned(),
+            state: Some(initial),
+            effects,
+            link,
+        }
+    }
+}
+
+impl<M: StateMachine, X: Effects<M>> Actor for MachineActor<M, X> {
+    type Context = Context<Self>;
+}
+
+/// Current state without an event (status, tests).
+pub struct GetState<M: StateMachine>(std::marker::PhantomData<fn() -> M>);
+
+impl<M: StateMachine> Message for GetState<M> {
+    type Result = Option<M::State>;
+}
+
+impl<M: StateMachine> Default for GetState<M> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<M: StateMachine, X: Effects<M>> Handler<Event<M>> for MachineActor<M, X> {
+    type Result = Option<M::State>;
+
+    fn handle(&mut self, event: Event<M>, ctx: &mut Self::Context) -> Self::Result {
+        let span = debug_span!("event", actor = %self.key, event = ?event.0);
+        let _entered = span.enter();
+        let state = self.state.take()?;
+        let events = ctx.address().recipient();
+        let effects = &mut self.effects;
+        let outcome = catch_panic(move || {
+            let (next, to_perform) = M::transition(state, event.0);
+            for effect in to_perform {
+                effects.execute(effect, &events);
+            }
+            next
+        });
+        match outcome {
+            Ok(next) => {
+                self.state = Some(next.clone());
+                Some(next)
+            }
+            Err(reason) => {
+                error!(actor = %self.key, %reason, "state machine actor failed; stopping for restart");
+                self.link.fail(reason);
+                ctx.stop();
+                None
+            }
+        }
+    }
+}
+
+impl<M: StateMachine, X: Effects<M>> Handler<GetState<M>> for MachineActor<M, X> {
+    type Result = Option<M::State>;
+
+    fn handle(&mut self, _: GetState<M>, _ctx: &mut Self::Context) -> Self::Result {
+        self.state.clone()
+    }
+}
+
+impl<M: StateMachine, X: Effects<M>> Handler<Shutdown> for MachineActor<M, X> {
+    type Result = ();
+
+    fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+impl<M, X> Child for MachineActor<M, X>
+where
+    M: StateMachine,
+    X: Effects<M> + Clone + Send,
+{
+    type Spec = MachineSpec<M::State, X>;
+
+    fn build(_key: &ChildKey, spec: &Self::Spec, link: ChildLink) -> Self {
+        Self::new(link, spec.initial.clone(), spec.effects.clone())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::supervisor::{
+        ChildFailing, GetChild, GetChildStatus, RestartPolicy, StartChild, Supervisor,
+    };
+
+    /// A small machine in the shape of the operator's: one run with bounded retries.
+    struct Run;
+
+    const MAX_ATTEMPTS: u32 = 3;
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum RunState {
+        Idle,
+        Running { attempt: u32 },
+        Succeeded,
+        Failed { reason: String },
+    }
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum RunEvent {
+        Start,
+        Finished,
+        Errored(String),
+        /// A bug in the machine, to exercise the shell's panic boundary.
+        Bug,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum RunEffect {
+        Launch { attempt: u32 },
+        Report(String),
+    }
+
+    impl StateMachine for Run {
+        type State = RunState;
+        type Event = RunEvent;
+        type Effect = RunEffect;
+
+        fn transition(state: RunState, event: RunEvent) -> (RunState, Vec<RunEffect>) {
+            match (state, event) {
+                (_, RunEvent::Bug) => panic!("bug in the run machine"),
+                (RunState::Idle, RunEvent::Start) => (
+                    RunState::Running { attempt: 1 },
+                    vec![RunEffect::Launch { attempt: 1 }],
+                ),
+                (RunState::Running { .. }, RunEvent::Finished) => (
+                    RunState::Succeeded,
+                    vec![RunEffect::Report("succeeded".into())],
+                ),
+                (RunState::Running { attempt }, RunEvent::Errored(_)) if attempt < MAX_ATTEMPTS => {
+                    (
+                        RunState::Running {
+                            attempt: attempt + 1,
+                        },
+                        vec![RunEffect::Launch {
+                            attempt: attempt + 1,
+                        }],
+                    )
+                }
+                (RunState::Running { .. }, RunEvent::Errored(reason)) => (
+                    RunState::Failed {
+                        reason: reason.clone(),
+                    },
+                    vec![RunEffect::Report(reason)],
+                ),
+                // Anything else is stale or duplicate: ignore it.
+                (state, _) => (state, Vec::new()),
+            }
+        }
+    }
+
+    #[test]
+    fn idle_start_launches_first_attempt() {
+        assert_eq!(
+            Run::transition(RunState::Idle, RunEvent::Start),
+            (
+                RunState::Running { attempt: 1 },
+                vec![RunEffect::Launch { attempt: 1 }]
+            )
+        );
+    }
+
+    #[test]
+    fn running_finished_succeeds_and_reports() {
+        assert_eq!(
+            Run::transition(RunState::Running { attempt: 2 }, RunEvent::Finished),
+            (
+                RunState::Succeeded,
+                vec![RunEffect::Report("succeeded".into())]
+            )
+        );
+    }
+
+    #[test]
+    fn running_errored_below_limit_retries() {
+        assert_eq!(
+            Run::transition(
+                RunState::Running { attempt: 1 },
+                RunEvent::Errored("timeout".into())
+            ),
+            (
+                RunState::Running { attempt: 2 },
+                vec![RunEffect::Launch { attempt: 2 }]
+            )
+        );
+    }
+
+    #[test]
+    fn running_errored_at_limit_fails_with_reason() {
+        assert_eq!(
+            Run::transition(
+                RunState::Running {
+                    attempt: MAX_ATTEMPTS
+                },
+                RunEvent::Errored("bucket gone".into())
+            ),
+            (
+                RunState::Failed {
+                    reason: "bucket gone".into()
+                },
+                vec![RunEffect::Report("bucket gone".into())]
+            )
+        );
+    }
+
+    #[test]
+    fn stale_events_change_nothing() {
+        let finished = RunState::Succeeded;
+        let failed = RunState::Failed { reason: "x".into() };
+        let cases = [
+            (RunState::Idle, RunEvent::Finished),
+            (RunState::Idle, RunEvent::Errored("x".into())),
+            (RunState::Running { attempt: 1 }, RunEvent::Start),
+            (finished.clone(), RunEvent::Start),
+            (finished.clone(), RunEvent::Finished),
+            (finished, RunEvent::Errored("x".into())),
+            (failed.clone(), RunEvent::Start),
+            (failed.clone(), RunEvent::Finished),
+            (failed, RunEvent::Errored("y".into())),
+        ];
+        for (state, event) in cases {
+            assert_eq!(
+                Run::transition(state.clone(), event.clone()),
+                (state.clone(), Vec::new()),
+                "{state:?} + {event:?}"
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "bug in the run machine")]
+    fn bug_event_panics() {
+        let _ = Run::transition(RunState::Idle, RunEvent::Bug);
+    }
+
+    /// Records effects; a launch of attempt 1 errors and a later one finishes, fed back
+    /// as events the way a real executor reports slow work.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        performed: Arc<Mutex<Vec<RunEffect>>>,
+    }
+
+    impl Effects<Run> for Recorder {
+        fn execute(&mut self, effect: RunEffect, events: &Recipient<Event<Run>>) {
+            if let RunEffect::Launch { attempt } = effect {
+                let outcome = if attempt == 1 {
+                    RunEvent::Errored("first try fails".into())
+                } else {
+                    RunEvent::Finished
+                };
+                events.do_send(Event(outcome));
+            }
+            self.performed.lock().unwrap().push(effect);
+        }
+    }
+
+    fn spec(recorder: &Recorder) -> MachineSpec<RunState, Recorder> {
+        MachineSpec {
+            initial: RunState::Idle,
+            effects: recorder.clone(),
+        }
+    }
+
+    fn policy() -> RestartPolicy {
+        RestartPolicy {
+            min_delay: Duration::from_millis(10),
+            ..RestartPolicy::default()
+        }
+    }
+
+    type RunActor = MachineActor<Run, Recorder>;
+
+    async fn wait_for_state(addr: &Addr<RunActor>, wanted: &RunState) {
+        for _ in 0..2000 {
+            if addr.send(GetState::default()).await.unwrap().as_ref() == Some(wanted) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never reached {wanted:?}");
+    }
+
+    #[actix_rt::test]
+    async fn shell_runs_transitions_and_effects_feed_back_events() {
+        let (sink, _reports) = mpsc::unbounded_channel::<ChildFailing>();
+        let parent = Supervisor::<RunActor>::new("runs", policy(), sink).start();
+        let recorder = Recorder::default();
+        let run = parent
+            .send(StartChild {
+                key: "nightly".into(),
+                spec: spec(&recorder),
+            })
+            .await
+            .unwrap()
+            .expect("child started");
+
+        let after_start = run.send(Event(RunEvent::Start)).await.unwrap();
+        assert_eq!(after_start, Some(RunState::Running { attempt: 1 }));
+        wait_for_state(&run, &RunState::Succeeded).await;
+        assert_eq!(
+            *recorder.performed.lock().unwrap(),
+            vec![
+                RunEffect::Launch { attempt: 1 },
+                RunEffect::Launch { attempt: 2 },
+                RunEffect::Report("succeeded".into()),
+            ]
+        );
+    }
+
+    #[actix_rt::test]
+    async fn shell_catches_a_panicking_transition_and_is_rebuilt_from_its_spec() {
+        let (sink, _reports) = mpsc::unbounded_channel::<ChildFailing>();
+        let parent = Supervisor::<RunActor>::new("runs", policy(), sink).start();
+        let recorder = Recorder::default();
+        let run = parent
+            .send(StartChild {
+                key: "nightly".into(),
+                spec: spec(&recorder),
+            })
+            .await
+            .unwrap()
+            .expect("child started");
+
+        // The handler returns (no state) instead of unwinding through actix.
+        assert_eq!(run.send(Event(RunEvent::Bug)).await.unwrap(), None);
+
+        let mut restarted = None;
+        for _ in 0..2000 {
+            let status = parent
+                .send(GetChildStatus {
+                    key: "nightly".into(),
+                })
+                .await
+                .unwrap()
+                .unwrap();
+            if status.running && status.restarts == 1 {
+                restarted = Some(status);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let status = restarted.expect("restarted once");
+        assert_eq!(
+            status.last_failure.as_deref(),
+            Some("panicked: bug in the run machine")
+        );
+        let fresh = parent
+            .send(GetChild::new("nightly"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            fresh.send(GetState::default()).await.unwrap(),
+            Some(RunState::Idle)
+        );
+        assert!(
+            run.send(GetState::default()).await.is_err(),
+            "old one is gone"
+        );
+    }
+}
