@@ -553,8 +553,9 @@ async fn the_periodic_rescan_sees_a_filesystem_written_without_a_uevent() {
     // (or, when tests run in parallel, a rescan another test's loop device triggered).
     run("mkfs.ext4", &["-q", "-F", &disk.path]);
     let written = Instant::now();
+    // Spec and status are two writes: wait for both, or the poll can fall between them.
     let dirty = wait_for(&api, &node, &identity, "with ext4", |d| {
-        d.spec.signatures == ["ext4"]
+        d.spec.signatures == ["ext4"] && !message(d).is_empty()
     })
     .await;
     let seconds = written.elapsed().as_secs_f64();

@@ -40,6 +40,9 @@ pub struct Observed {
     /// Why no pool could take it without `allowWipe` or at all, if anything; shown in
     /// `status.message` while the disk is `Unclaimed`.
     pub refusal: Option<String>,
+    /// What `safety` judged it by, for the pools to judge it again with their own
+    /// `allowWipe`. Not written anywhere.
+    pub facts: super::observe::OwnedFacts,
 }
 
 /// One object to write. `None` parts are left as they are.
@@ -282,6 +285,7 @@ mod tests {
             name: name.into(),
             spec: spec(path),
             refusal: refusal.map(Into::into),
+            facts: Default::default(),
         }
     }
 

@@ -4,33 +4,40 @@
 //! This module is the shell that wires the parts together: a full look at the disks
 //! (`observe`) on start, after every debounced burst of kernel uevents (`uevent`) and
 //! on a periodic timer as a fallback, each written to the API server by `inventory`.
+//! After each look, `pools` builds and reports this node's part of every matching
+//! `StoragePool`; a short poll of the pools' generations triggers a look when a pool
+//! is created or its spec changes.
 //! The parts own the logic; nothing here decides anything about a disk.
 
-// The pool-member actor that acts on claims and builds the btrfs comes next; until
-// it does the binary calls neither, and only their tests do.
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod btrfs;
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod claim;
 pub mod discovery;
 pub mod identity;
 pub mod inventory;
 pub mod observe;
+pub mod pool;
+pub mod pools;
 pub mod probe;
 pub mod safety;
+pub mod storage_class;
+pub mod totals;
 pub mod uevent;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use castellan_crds::storage_pool::StoragePool;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use regex::Regex;
 use tokio::sync::mpsc;
 
 use inventory::Inventory;
 use observe::{AllowList, Sources};
+use pools::Pools;
 
 /// Node annotation holding the allow-list pattern when `--device-allow` is not given.
 pub const DEVICE_ALLOW_ANNOTATION: &str = "castellan.io/device-allow";
@@ -49,6 +56,13 @@ pub struct AgentArgs {
     /// Seconds between full rescans, the fallback for missed uevents.
     #[arg(long, default_value_t = 30)]
     pub rescan_seconds: u64,
+    /// Where pools are mounted: `<pool-root>/<node>/<pool>`.
+    #[arg(long, default_value = btrfs::POOL_ROOT)]
+    pub pool_root: PathBuf,
+    /// Seconds between polls of the StoragePools' generations; a new or changed pool
+    /// triggers a look.
+    #[arg(long, default_value_t = 5)]
+    pub pool_poll_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -111,7 +125,8 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             .with_context(|| format!("compiling the device allow-list {pattern:?}"))?,
     );
     let owner = node_object.as_ref().and_then(node_owner);
-    let inventory = Inventory::new(client, &node, owner);
+    let inventory = Inventory::new(client.clone(), &node, owner);
+    let pools = Pools::new(client.clone(), &node, &args.pool_root);
     let sources = Sources::default();
     tracing::info!(%node, allow = pattern.as_deref().unwrap_or("(every disk)"), rescan_seconds = args.rescan_seconds, "agent starting");
 
@@ -119,6 +134,11 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     // still triggers a second one.
     let (triggers, mut rescans) = mpsc::channel(1);
     let listener = uevent::Listener::open().context("listening for kernel uevents")?;
+    let polling = tokio::spawn(poll_pools(
+        client,
+        Duration::from_secs(args.pool_poll_seconds.max(1)),
+        triggers.clone(),
+    ));
     let mut listening = tokio::spawn(listener.run(uevent::Debounce::default(), triggers));
 
     let mut interval = tokio::time::interval(Duration::from_secs(args.rescan_seconds.max(1)));
@@ -143,10 +163,11 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         };
-        rescan(&node, &allow, &sources, &inventory, cause).await;
+        rescan(&node, &allow, &sources, &inventory, &pools, cause).await;
     }
     tracing::info!(%node, "agent stopping");
     listening.abort();
+    polling.abort();
     Ok(())
 }
 
@@ -157,6 +178,7 @@ async fn rescan(
     allow: &AllowList,
     sources: &Sources,
     inventory: &Inventory,
+    pools: &Pools,
     cause: &str,
 ) {
     let started = Instant::now();
@@ -186,7 +208,48 @@ async fn rescan(
             }
             tracing::debug!(%node, cause, devices = observation.devices.len(), writes = writes.len(), elapsed_ms = started.elapsed().as_millis() as u64, "rescan done");
         }
-        Err(error) => tracing::error!(%node, %error, "updating BlockDevices failed"),
+        Err(error) => {
+            tracing::error!(%node, %error, "updating BlockDevices failed");
+            return;
+        }
+    }
+    if let Err(error) = pools.reconcile(&observation.devices).await {
+        tracing::error!(%node, %error, "reconciling pools failed");
+    }
+    tracing::debug!(%node, cause, elapsed_ms = started.elapsed().as_millis() as u64, "pools done");
+}
+
+/// Triggers a look whenever the set of pools or one's spec changes (its generation),
+/// and once at start. A plain poll, not a watch: a handful of small objects, and no
+/// stream plumbing to keep alive.
+async fn poll_pools(client: Client, period: Duration, triggers: mpsc::Sender<()>) {
+    let api = Api::<StoragePool>::all(client);
+    let mut last: Option<Vec<(String, Option<i64>)>> = None;
+    let mut interval = tokio::time::interval(period);
+    loop {
+        interval.tick().await;
+        let generations = match api.list_metadata(&ListParams::default()).await {
+            Ok(list) => {
+                let mut generations: Vec<(String, Option<i64>)> = list
+                    .items
+                    .iter()
+                    .map(|pool| (pool.uid().unwrap_or_default(), pool.metadata.generation))
+                    .collect();
+                generations.sort();
+                generations
+            }
+            Err(error) => {
+                tracing::warn!(%error, "polling StoragePools failed");
+                continue;
+            }
+        };
+        if last.as_ref() != Some(&generations) {
+            if last.is_some() {
+                // Full channel: a look is already due, which will see the change.
+                let _ = triggers.try_send(());
+            }
+            last = Some(generations);
+        }
     }
 }
 

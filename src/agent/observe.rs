@@ -54,6 +54,35 @@ impl AllowList {
     }
 }
 
+/// The facts `safety` judges a disk by, owned, so that pools can judge the disks of
+/// the same look that the inventory wrote (see `DeviceFacts` for each field).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OwnedFacts {
+    pub signatures: Vec<probe::Signature>,
+    pub partitions: Vec<String>,
+    pub holders: Vec<String>,
+    pub mount_points: Vec<String>,
+    pub swap: bool,
+    pub holds_root: bool,
+    pub read_only: bool,
+    pub probe_error: Option<String>,
+}
+
+impl OwnedFacts {
+    pub fn borrow(&self) -> DeviceFacts<'_> {
+        DeviceFacts {
+            signatures: &self.signatures,
+            partitions: &self.partitions,
+            holders: &self.holders,
+            mount_points: &self.mount_points,
+            swap: self.swap,
+            holds_root: self.holds_root,
+            read_only: self.read_only,
+            probe_error: self.probe_error.as_deref(),
+        }
+    }
+}
+
 /// What one look found.
 #[derive(Debug, Default)]
 pub struct Observation {
@@ -159,6 +188,16 @@ fn observe_disk(
         probe_error: probe_error.as_deref(),
     };
     let refusal = safety::judge(&facts, false).reason();
+    let owned_facts = OwnedFacts {
+        signatures: signatures.clone(),
+        partitions: partitions.clone(),
+        holders: holders.clone(),
+        mount_points: usage.mount_points.clone(),
+        swap: usage.swap,
+        holds_root: usage.holds_root,
+        read_only: disk.read_only,
+        probe_error: probe_error.clone(),
+    };
 
     let loop_file = match &disk.loop_backing_file {
         Some(file) => {
@@ -201,6 +240,7 @@ fn observe_disk(
             signatures: signatures.iter().map(|s| s.name.clone()).collect(),
         },
         refusal,
+        facts: owned_facts,
     })
 }
 
@@ -242,6 +282,7 @@ mod tests {
                 signatures: vec![],
             },
             refusal: None,
+            facts: OwnedFacts::default(),
         }
     }
 

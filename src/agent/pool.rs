@@ -1,0 +1,684 @@
+//! Pool: what one node must do to make its part of a `StoragePool` real, and what to
+//! report about it.
+//!
+//! Pure. From the claim decision (`claim`) and what the node's btrfs looks like now
+//! (`Filesystem`), `plan` lists the steps — wipe, mkfs, mount, enable quotas, add
+//! devices, rebalance — and `node_status` turns the result into the node's entry of
+//! `status.nodes`. The shell (`pools`) runs the steps and writes the objects; nothing
+//! here runs a command or talks to the API server.
+//!
+//! The filesystem is the truth about membership: a disk carrying the pool's btrfs label
+//! is a member even if its `BlockDevice` lost `status.pool`, so a crash between mkfs
+//! and the status write never turns the pool's own disks into "dirty" ones.
+
+use castellan_crds::block_device::BlockDeviceState;
+use castellan_crds::storage_pool::{Layout, PoolDisk, PoolNodeStatus, RejectedDisk};
+
+use super::btrfs::{self, Show, Usage};
+use super::claim::{Claim, Decision, LayoutShortfall};
+
+/// The node's btrfs for the pool, as found before planning.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Filesystem {
+    /// No disk carries it and nothing is mounted: build it.
+    Absent,
+    /// Members exist (claims with `member`) but the mount point is not mounted.
+    Unmounted,
+    /// Mounted; what `btrfs filesystem show` says.
+    Mounted(Show),
+}
+
+/// One thing to do on the node, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `wipefs --all <path>`: only for a disk claimed with `allowWipe` that had
+    /// signatures (never mounted, held or holding `/`: `safety` refuses those always).
+    Wipe(String),
+    /// `mkfs.btrfs <args>` (without `--force`).
+    Mkfs(Vec<String>),
+    /// `btrfs device scan <devices>`, then mount the first at the pool's mount point,
+    /// with `-o degraded` when a member is missing.
+    Mount {
+        devices: Vec<String>,
+        degraded: bool,
+    },
+    /// `btrfs quota enable <mount point>` (idempotent).
+    EnableQuota,
+    /// `btrfs device add <paths> <mount point>`.
+    AddDevices(Vec<String>),
+    /// `btrfs balance start --bg -dconvert=<data>,soft -mconvert=<metadata>,soft`: the
+    /// profiles for the new disk count, converting only what is not already in them.
+    Balance {
+        data: &'static str,
+        metadata: &'static str,
+    },
+}
+
+/// Why nothing is built on this node (yet).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Blocked {
+    /// The claimable disks cannot carry the layout.
+    Shortfall(LayoutShortfall),
+}
+
+/// The steps that bring the node's pool to what `decision` says.
+pub fn plan(
+    pool: &str,
+    layout: Layout,
+    decision: &Decision,
+    filesystem: &Filesystem,
+) -> Result<Vec<Step>, Blocked> {
+    let members: Vec<&Claim> = decision.claims.iter().filter(|c| c.member).collect();
+    let wipes = |claims: &[&Claim]| -> Vec<Step> {
+        claims
+            .iter()
+            .filter(|claim| !claim.wipe.is_empty())
+            .map(|claim| Step::Wipe(claim.path.clone()))
+            .collect()
+    };
+    match filesystem {
+        Filesystem::Absent if members.is_empty() => {
+            decision.layout.clone().map_err(Blocked::Shortfall)?;
+            let claims: Vec<&Claim> = decision.claims.iter().collect();
+            let paths: Vec<&str> = claims.iter().map(|claim| claim.path.as_str()).collect();
+            let args = btrfs::mkfs_args(pool, layout, &paths).map_err(Blocked::Shortfall)?;
+            let mut steps = wipes(&claims);
+            steps.push(Step::Mkfs(args));
+            steps.push(Step::Mount {
+                devices: paths.iter().map(|path| path.to_string()).collect(),
+                degraded: false,
+            });
+            steps.push(Step::EnableQuota);
+            Ok(steps)
+        }
+        // Members carry the filesystem but the plan was told it is absent: treat as
+        // unmounted, never mkfs over them.
+        Filesystem::Absent | Filesystem::Unmounted => {
+            if members.is_empty() {
+                return Ok(Vec::new());
+            }
+            // New disks join on the next pass, once the mount shows what is in it.
+            Ok(vec![
+                Step::Mount {
+                    devices: members.iter().map(|claim| claim.path.clone()).collect(),
+                    degraded: !decision.missing_members.is_empty(),
+                },
+                Step::EnableQuota,
+            ])
+        }
+        Filesystem::Mounted(show) => {
+            let joining: Vec<&Claim> = decision
+                .claims
+                .iter()
+                .filter(|claim| {
+                    !show
+                        .devices
+                        .iter()
+                        .any(|device| device.path.as_deref() == Some(claim.path.as_str()))
+                })
+                .collect();
+            if joining.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut steps = wipes(&joining);
+            steps.push(Step::AddDevices(
+                joining.iter().map(|claim| claim.path.clone()).collect(),
+            ));
+            let present = show.devices.iter().filter(|d| d.path.is_some()).count();
+            let (data, metadata) = btrfs::profiles(layout, present + joining.len());
+            steps.push(Step::Balance { data, metadata });
+            Ok(steps)
+        }
+    }
+}
+
+/// A claimed disk's `BlockDevice` as the pool pass finds it: name, state, pool.
+pub type DeviceState<'a> = (&'a str, Option<BlockDeviceState>, Option<&'a str>);
+
+/// The BlockDevices to mark `Claimed` before `steps` run: the disks about to join
+/// (not yet members) that do not say so already. Nothing when nothing will run, so a
+/// pool that cannot be built leaves its candidates `Unclaimed`.
+pub fn to_mark_claimed(
+    pool: &str,
+    decision: &Decision,
+    steps: &[Step],
+    current: &[DeviceState<'_>],
+) -> Vec<String> {
+    if steps.is_empty() {
+        return Vec::new();
+    }
+    decision
+        .claims
+        .iter()
+        .filter(|claim| !claim.member)
+        .filter(|claim| {
+            !current.iter().any(|(name, state, owner)| {
+                *name == claim.block_device
+                    && matches!(
+                        state,
+                        Some(BlockDeviceState::Claimed | BlockDeviceState::InUse)
+                    )
+                    && *owner == Some(pool)
+            })
+        })
+        .map(|claim| claim.block_device.clone())
+        .collect()
+}
+
+/// The BlockDevices to mark `InUse` after the steps: every claim the mounted
+/// filesystem lists that does not say `InUse` by this pool already (idempotent). A
+/// claim the filesystem does not list (a failed `device add`) stays `Claimed`.
+pub fn to_mark_in_use(
+    pool: &str,
+    decision: &Decision,
+    show: Option<&Show>,
+    current: &[DeviceState<'_>],
+) -> Vec<String> {
+    let Some(show) = show else {
+        return Vec::new();
+    };
+    decision
+        .claims
+        .iter()
+        .filter(|claim| {
+            show.devices
+                .iter()
+                .any(|device| device.path.as_deref() == Some(claim.path.as_str()))
+        })
+        .filter(|claim| {
+            !current.iter().any(|(name, state, owner)| {
+                *name == claim.block_device
+                    && *state == Some(BlockDeviceState::InUse)
+                    && *owner == Some(pool)
+            })
+        })
+        .map(|claim| claim.block_device.clone())
+        .collect()
+}
+
+/// Health words of `status.nodes[].health`.
+pub const HEALTHY: &str = "Healthy";
+pub const DEGRADED: &str = "Degraded";
+pub const FAILED: &str = "Failed";
+pub const PENDING: &str = "Pending";
+
+/// What the node's pool looks like after the steps ran (or failed).
+#[derive(Clone, Debug, Default)]
+pub struct Outcome<'a> {
+    /// `btrfs filesystem show` of the mounted pool, if mounted.
+    pub show: Option<&'a Show>,
+    pub usage: Option<&'a Usage>,
+    /// Why nothing was built.
+    pub blocked: Option<&'a Blocked>,
+    /// The first step that failed, with its error.
+    pub error: Option<&'a str>,
+    /// Bytes promised to volumes (no volumes yet: 0).
+    pub allocated_bytes: u64,
+}
+
+/// The node's entry of `status.nodes`.
+pub fn node_status(
+    node: &str,
+    decision: &Decision,
+    missing_paths: &[(String, String)],
+    outcome: &Outcome<'_>,
+) -> PoolNodeStatus {
+    let mut disks: Vec<PoolDisk> = Vec::new();
+    if let Some(show) = outcome.show {
+        for device in &show.devices {
+            let Some(path) = &device.path else { continue };
+            let claim = decision.claims.iter().find(|claim| &claim.path == path);
+            disks.push(PoolDisk {
+                block_device: claim
+                    .map(|claim| claim.block_device.clone())
+                    .unwrap_or_default(),
+                path: path.clone(),
+                size_bytes: i64::try_from(device.size_bytes).unwrap_or(i64::MAX),
+                state: Some("Online".into()),
+            });
+        }
+    }
+    // A missing member keeps its entry, at its last path unless another disk has
+    // taken that path since (list-map keys must be unique).
+    for (block_device, path) in missing_paths {
+        if disks.iter().any(|disk| &disk.path == path) {
+            continue;
+        }
+        disks.push(PoolDisk {
+            block_device: block_device.clone(),
+            path: path.clone(),
+            size_bytes: 0,
+            state: Some("Missing".into()),
+        });
+    }
+    let mut rejected: Vec<RejectedDisk> = Vec::new();
+    for disk in &decision.rejected {
+        if !rejected.iter().any(|r| r.path == disk.path)
+            && !disks.iter().any(|d| d.path == disk.path)
+        {
+            rejected.push(disk.clone());
+        }
+    }
+
+    let missing = outcome
+        .show
+        .map(Show::missing)
+        .unwrap_or_default()
+        .max(missing_paths.len());
+    let (health, message) = if let Some(error) = outcome.error {
+        (FAILED, Some(error.to_string()))
+    } else if let Some(Blocked::Shortfall(shortfall)) = outcome.blocked {
+        (PENDING, Some(format!("no filesystem built: {shortfall}")))
+    } else if outcome.show.is_none() {
+        (PENDING, Some("no disk claimed yet".to_string()))
+    } else if missing > 0 {
+        let names: Vec<&str> = missing_paths
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        let noun = if missing == 1 { "disk is" } else { "disks are" };
+        let which = if names.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", names.join(", "))
+        };
+        (
+            DEGRADED,
+            Some(format!(
+                "{missing} {noun} missing{which}; mounted degraded, data stays readable while the layout keeps a copy"
+            )),
+        )
+    } else {
+        (HEALTHY, None)
+    };
+    let capacity = outcome.usage.map(Usage::usable_bytes);
+    let to_i64 = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
+    PoolNodeStatus {
+        node: node.to_string(),
+        health: Some(health.to_string()),
+        message,
+        capacity_bytes: capacity.map(to_i64),
+        allocated_bytes: capacity.map(|_| to_i64(outcome.allocated_bytes)),
+        free_bytes: capacity
+            .map(|capacity| to_i64(capacity.saturating_sub(outcome.allocated_bytes))),
+        disks,
+        rejected,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use crate::agent::btrfs::ShowDevice;
+    use crate::agent::safety::Refusal;
+
+    fn claim(name: &str, path: &str, member: bool, wipe: bool) -> Claim {
+        Claim {
+            block_device: name.into(),
+            path: path.into(),
+            size_bytes: 1 << 30,
+            member,
+            wipe: if wipe {
+                vec![Refusal::Filesystem("ext4".into())]
+            } else {
+                vec![]
+            },
+        }
+    }
+
+    fn decision(
+        claims: Vec<Claim>,
+        missing: &[&str],
+        layout: Result<(), LayoutShortfall>,
+    ) -> Decision {
+        Decision {
+            claims,
+            rejected: vec![],
+            missing_members: missing.iter().map(|m| m.to_string()).collect(),
+            layout,
+        }
+    }
+
+    fn show(paths: &[Option<&str>]) -> Show {
+        Show {
+            label: Some("castellan-p".into()),
+            uuid: "u".into(),
+            total_devices: paths.len(),
+            devices: paths
+                .iter()
+                .enumerate()
+                .map(|(i, path)| ShowDevice {
+                    devid: i as u64 + 1,
+                    size_bytes: if path.is_some() { 1 << 30 } else { 0 },
+                    used_bytes: 0,
+                    path: path.map(Into::into),
+                })
+                .collect(),
+        }
+    }
+
+    fn usage() -> Usage {
+        Usage {
+            device_size_bytes: 2 << 30,
+            device_missing_bytes: 0,
+            used_bytes: 0,
+            free_estimated_bytes: 1 << 30,
+            data_ratio: 2.0,
+        }
+    }
+
+    #[test]
+    fn absent_builds_wiping_only_dirty_claims_then_mounts_and_enables_quotas() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", false, false),
+                claim("b", "/dev/l1", false, true),
+            ],
+            &[],
+            Ok(()),
+        );
+        let steps = plan("p", Layout::Raid1, &d, &Filesystem::Absent).unwrap();
+        assert_eq!(
+            steps,
+            [
+                Step::Wipe("/dev/l1".into()),
+                Step::Mkfs(btrfs::mkfs_args("p", Layout::Raid1, &["/dev/l0", "/dev/l1"]).unwrap()),
+                Step::Mount {
+                    devices: vec!["/dev/l0".into(), "/dev/l1".into()],
+                    degraded: false
+                },
+                Step::EnableQuota,
+            ]
+        );
+    }
+
+    #[test]
+    fn absent_with_a_shortfall_builds_nothing() {
+        let shortfall = LayoutShortfall {
+            layout: Layout::Raid1,
+            needed: 2,
+            available: 1,
+            rejected: 0,
+        };
+        let d = decision(
+            vec![claim("a", "/dev/l0", false, false)],
+            &[],
+            Err(shortfall.clone()),
+        );
+        assert_eq!(
+            plan("p", Layout::Raid1, &d, &Filesystem::Absent),
+            Err(Blocked::Shortfall(shortfall))
+        );
+    }
+
+    #[test]
+    fn unmounted_members_are_mounted_degraded_only_when_one_is_missing() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("b", "/dev/l1", true, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let steps = plan("p", Layout::Raid1, &d, &Filesystem::Unmounted).unwrap();
+        assert_eq!(
+            steps[0],
+            Step::Mount {
+                devices: vec!["/dev/l0".into(), "/dev/l1".into()],
+                degraded: false
+            }
+        );
+        assert_eq!(steps[1], Step::EnableQuota);
+
+        // One member missing: the layout shortfall does not stop a mount of a built pool.
+        let shortfall = LayoutShortfall {
+            layout: Layout::Raid1,
+            needed: 2,
+            available: 1,
+            rejected: 0,
+        };
+        let d = decision(
+            vec![claim("a", "/dev/l0", true, false)],
+            &["b"],
+            Err(shortfall),
+        );
+        let steps = plan("p", Layout::Raid1, &d, &Filesystem::Absent).unwrap();
+        assert_eq!(
+            steps[0],
+            Step::Mount {
+                devices: vec!["/dev/l0".into()],
+                degraded: true
+            }
+        );
+        // Nothing claimed and nothing built: nothing to do.
+        let d = decision(vec![], &[], Ok(()));
+        assert_eq!(
+            plan("p", Layout::Single, &d, &Filesystem::Unmounted),
+            Ok(vec![])
+        );
+    }
+
+    #[test]
+    fn mounted_with_every_claim_in_it_is_left_alone() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("b", "/dev/l1", true, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let mounted = Filesystem::Mounted(show(&[Some("/dev/l0"), Some("/dev/l1")]));
+        assert_eq!(plan("p", Layout::Raid1, &d, &mounted), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_new_disk_joins_a_mounted_pool_and_the_profile_follows_the_count() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("c", "/dev/l2", false, true),
+            ],
+            &[],
+            Ok(()),
+        );
+        let mounted = Filesystem::Mounted(show(&[Some("/dev/l0")]));
+        let steps = plan("p", Layout::Single, &d, &mounted).unwrap();
+        assert_eq!(
+            steps,
+            [
+                Step::Wipe("/dev/l2".into()),
+                Step::AddDevices(vec!["/dev/l2".into()]),
+                Step::Balance {
+                    data: "single",
+                    metadata: "raid1"
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn joining_disks_are_marked_claimed_only_when_something_will_run() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("b", "/dev/l1", false, false),
+                claim("c", "/dev/l2", false, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let steps = [Step::AddDevices(vec!["/dev/l1".into(), "/dev/l2".into()])];
+        let current = [
+            ("a", Some(BlockDeviceState::InUse), Some("p")),
+            ("b", Some(BlockDeviceState::Unclaimed), None),
+            // Already Claimed by this pool (an earlier pass failed): not written again.
+            ("c", Some(BlockDeviceState::Claimed), Some("p")),
+        ];
+        // Unclaimed -> Claimed; a member is never marked Claimed.
+        assert_eq!(to_mark_claimed("p", &d, &steps, &current), ["b"]);
+        // Nothing runs (a layout shortfall, or nothing to do): nothing is marked.
+        assert!(to_mark_claimed("p", &d, &[], &current).is_empty());
+    }
+
+    #[test]
+    fn disks_in_the_filesystem_are_marked_in_use_once() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("b", "/dev/l1", false, false),
+                claim("c", "/dev/l2", false, false),
+                claim("d", "/dev/l3", true, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let s = show(&[Some("/dev/l0"), Some("/dev/l1"), Some("/dev/l3")]);
+        let current = [
+            ("a", Some(BlockDeviceState::InUse), Some("p")),
+            ("b", Some(BlockDeviceState::Claimed), Some("p")),
+            ("c", Some(BlockDeviceState::Claimed), Some("p")),
+            // A member by its label whose status was lost: Unclaimed -> InUse.
+            ("d", Some(BlockDeviceState::Unclaimed), None),
+        ];
+        // Claimed -> InUse (b), Unclaimed -> InUse (d); InUse stays (a); not in the
+        // filesystem stays Claimed (c).
+        assert_eq!(to_mark_in_use("p", &d, Some(&s), &current), ["b", "d"]);
+        // Not mounted: nothing can be shown in use.
+        assert!(to_mark_in_use("p", &d, None, &current).is_empty());
+        // InUse by another pool's name is rewritten (the label is the truth).
+        let other = [("a", Some(BlockDeviceState::InUse), Some("q"))];
+        assert!(to_mark_in_use("p", &d, Some(&s), &other).contains(&"a".to_string()));
+    }
+
+    #[test]
+    fn status_is_healthy_with_capacity_when_mounted_and_complete() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("b", "/dev/l1", true, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let s = show(&[Some("/dev/l0"), Some("/dev/l1")]);
+        let u = usage();
+        let status = node_status(
+            "n1",
+            &d,
+            &[],
+            &Outcome {
+                show: Some(&s),
+                usage: Some(&u),
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(HEALTHY));
+        assert_eq!(status.message, None);
+        assert_eq!(status.capacity_bytes, Some(1 << 30));
+        assert_eq!(status.allocated_bytes, Some(0));
+        assert_eq!(status.free_bytes, Some(1 << 30));
+        assert_eq!(status.disks.len(), 2);
+        assert_eq!(status.disks[1].block_device, "b");
+        assert_eq!(status.disks[1].state.as_deref(), Some("Online"));
+    }
+
+    #[test]
+    fn status_is_degraded_naming_the_missing_disk() {
+        let d = decision(vec![claim("a", "/dev/l0", true, false)], &["b"], Ok(()));
+        let s = show(&[Some("/dev/l0"), None]);
+        let u = usage();
+        let status = node_status(
+            "n1",
+            &d,
+            &[("b".into(), "/dev/l1".into())],
+            &Outcome {
+                show: Some(&s),
+                usage: Some(&u),
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(DEGRADED));
+        assert!(
+            status
+                .message
+                .as_deref()
+                .unwrap()
+                .starts_with("1 disk is missing (b)")
+        );
+        assert_eq!(status.disks[1].state.as_deref(), Some("Missing"));
+
+        // btrfs alone knows of the missing device: still degraded.
+        let status = node_status(
+            "n1",
+            &d,
+            &[],
+            &Outcome {
+                show: Some(&s),
+                usage: Some(&u),
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(DEGRADED));
+    }
+
+    #[test]
+    fn status_is_pending_with_the_shortfall_or_failed_with_the_error() {
+        let shortfall = LayoutShortfall {
+            layout: Layout::Raid1,
+            needed: 2,
+            available: 1,
+            rejected: 2,
+        };
+        let mut d = decision(
+            vec![claim("a", "/dev/l0", false, false)],
+            &[],
+            Err(shortfall.clone()),
+        );
+        d.rejected.push(RejectedDisk {
+            block_device: Some("x".into()),
+            path: "/dev/l9".into(),
+            reason: "has an ext4 filesystem (allowWipe is off)".into(),
+        });
+        let blocked = Blocked::Shortfall(shortfall);
+        let status = node_status(
+            "n1",
+            &d,
+            &[],
+            &Outcome {
+                blocked: Some(&blocked),
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(PENDING));
+        assert_eq!(
+            status.message.as_deref(),
+            Some(
+                "no filesystem built: layout raid1 needs at least 2 disks, and 1 disk can be claimed (2 refused, see rejected)"
+            )
+        );
+        assert_eq!(status.capacity_bytes, None);
+        assert_eq!(status.rejected.len(), 1);
+
+        let status = node_status(
+            "n1",
+            &d,
+            &[],
+            &Outcome {
+                error: Some("running mkfs.btrfs: exit status 1"),
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(FAILED));
+
+        let status = node_status(
+            "n1",
+            &decision(vec![], &[], Ok(())),
+            &[],
+            &Outcome::default(),
+        );
+        assert_eq!(status.health.as_deref(), Some(PENDING));
+    }
+}

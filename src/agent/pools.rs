@@ -1,0 +1,592 @@
+//! Pools: the shell that makes this node's part of every matching `StoragePool` real.
+//!
+//! After each look at the disks it reads the pools, the Node's labels and the node's
+//! `BlockDevice` objects, asks `claim` what each pool takes, asks `pool` what to do,
+//! runs the commands (`wipefs`, `mkfs.btrfs`, `mount`, `btrfs …`) and writes back:
+//! the claimed disks' `BlockDevice` status (`Claimed`/`InUse` and `status.pool`), this
+//! node's entry of the pool's `status.nodes`, and the pool's StorageClass.
+//!
+//! Ownership of fields, so that writers never undo each other: the inventory owns
+//! `Unclaimed`/`Missing`; this module sets `Claimed`/`InUse`, `status.pool` and the
+//! message with its own field manager (`castellan-agent-pools/<node>`), forcing, and
+//! only for disks that are attached (a missing disk stays `Missing`). Each node applies
+//! only its own `status.nodes` entry under `castellan-agent/<node>`; the list-map keyed
+//! by node keeps the entries of different nodes apart. Totals, phase and conditions
+//! (`totals`) are applied by whichever agent wrote last, under one field manager,
+//! guarded by the resource version they were computed from.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
+use castellan_crds::storage_pool::StoragePool;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use super::btrfs::{self, Show, Usage};
+use super::claim::{self, Candidate};
+use super::inventory::{NODE_LABEL, Observed};
+use super::pool::{self, Blocked, Filesystem, Outcome, Step};
+use super::probe::SignatureKind;
+use super::storage_class;
+use super::totals;
+
+/// Field manager of the StorageClass writes (the same on every node: same content).
+pub const CLASS_FIELD_MANAGER: &str = "castellan-agent";
+/// Field manager of the pool-wide totals and conditions (one for all nodes: every
+/// write is guarded by the resource version it was computed from).
+pub const TOTALS_FIELD_MANAGER: &str = "castellan-agent-totals";
+
+/// Why a pass over the pools failed before it could judge them.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolsError {
+    #[error("listing StoragePools: {0}")]
+    ListPools(kube::Error),
+    #[error("reading Node {node}: {source}")]
+    ReadNode { node: String, source: kube::Error },
+    #[error("listing the BlockDevices of node {node}: {source}")]
+    ListDevices { node: String, source: kube::Error },
+    #[error("applying {what} of {name}: {source}")]
+    Apply {
+        what: &'static str,
+        name: String,
+        source: kube::Error,
+    },
+}
+
+/// The API side and the command runner of the node's pools.
+pub struct Pools {
+    client: Client,
+    node: String,
+    root: PathBuf,
+}
+
+impl Pools {
+    pub fn new(client: Client, node: &str, root: &Path) -> Self {
+        Self {
+            client,
+            node: node.to_string(),
+            root: root.to_path_buf(),
+        }
+    }
+
+    /// One pass over every pool, with the devices of the look just written.
+    pub async fn reconcile(&self, observed: &[Observed]) -> Result<(), PoolsError> {
+        let pools = Api::<StoragePool>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(PoolsError::ListPools)?;
+        if pools.items.is_empty() {
+            return Ok(());
+        }
+        let labels = Api::<Node>::all(self.client.clone())
+            .get_opt(&self.node)
+            .await
+            .map_err(|source| PoolsError::ReadNode {
+                node: self.node.clone(),
+                source,
+            })?
+            .map(|node| node.labels().clone())
+            .unwrap_or_default();
+        for pool in &pools.items {
+            match claim::selects_node(pool.spec.node_selector.as_ref(), &labels) {
+                Ok(false) => {
+                    if let Err(error) = self.leave(pool).await {
+                        tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "removing this node's status entry failed");
+                    }
+                    continue;
+                }
+                Ok(true) => {}
+                Err(error) => {
+                    let status = failed_status(&self.node, format!("the pool's spec: {error}"));
+                    if let Err(error) = self.apply_node_status(pool, &status).await {
+                        tracing::error!(node = %self.node, %error, "reporting an invalid pool failed");
+                    }
+                    continue;
+                }
+            }
+            // Listed per pool: the previous pool's claims changed them.
+            let devices = self.devices().await?;
+            // One pool's failed write must not keep the node's other pools waiting.
+            if let Err(error) = self.reconcile_pool(pool, observed, &devices).await {
+                tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "reconciling the pool failed");
+            }
+        }
+        Ok(())
+    }
+
+    async fn devices(&self) -> Result<Vec<BlockDevice>, PoolsError> {
+        Api::<BlockDevice>::all(self.client.clone())
+            .list(&ListParams::default().labels(&format!("{NODE_LABEL}={}", self.node)))
+            .await
+            .map(|list| list.items)
+            .map_err(|source| PoolsError::ListDevices {
+                node: self.node.clone(),
+                source,
+            })
+    }
+
+    async fn reconcile_pool(
+        &self,
+        pool: &StoragePool,
+        observed: &[Observed],
+        devices: &[BlockDevice],
+    ) -> Result<(), PoolsError> {
+        let name = pool.name_any();
+        let label = btrfs::label(&name);
+        let candidates: Vec<Candidate<'_>> = devices
+            .iter()
+            .map(|device| {
+                let seen = observed.iter().find(|o| o.name == device.name_any());
+                let status = device.status.as_ref();
+                // The filesystem is the truth about membership (see `pool`).
+                let carries_label = seen.is_some_and(|seen| {
+                    seen.facts.signatures.iter().any(|signature| {
+                        signature.kind == SignatureKind::Filesystem
+                            && signature.name == "btrfs"
+                            && signature.label.as_deref() == Some(label.as_str())
+                    })
+                });
+                let pool_of = if carries_label {
+                    Some(name.as_str())
+                } else {
+                    status.and_then(|status| status.pool.as_deref())
+                };
+                Candidate {
+                    block_device: device.metadata.name.as_deref().unwrap_or_default(),
+                    path: seen.map_or(device.spec.path.as_str(), |seen| seen.spec.path.as_str()),
+                    size_bytes: u64::try_from(device.spec.size_bytes).unwrap_or(0),
+                    state: if seen.is_some() {
+                        status.and_then(|status| status.state)
+                    } else {
+                        Some(BlockDeviceState::Missing)
+                    },
+                    pool: pool_of,
+                    facts: seen.map(|seen| seen.facts.borrow()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        let decision = match claim::decide(&name, &pool.spec, &self.node, &candidates) {
+            Ok(decision) => decision,
+            Err(error) => {
+                let status = failed_status(&self.node, format!("the pool's spec: {error}"));
+                return self.apply_node_status(pool, &status).await;
+            }
+        };
+        let missing_paths: Vec<(String, String)> = decision
+            .missing_members
+            .iter()
+            .filter_map(|member| {
+                devices
+                    .iter()
+                    .find(|device| device.name_any() == *member)
+                    .map(|device| (member.clone(), device.spec.path.clone()))
+            })
+            .collect();
+
+        let mount_path = btrfs::mount_path(&self.root, &self.node, &name);
+        let filesystem = {
+            let mount_path = mount_path.clone();
+            let members = decision.claims.iter().any(|claim| claim.member);
+            // Unmounted on a panic: never build over what might be there.
+            blocking(Filesystem::Unmounted, move || inspect(&mount_path, members)).await
+        };
+        let planned = pool::plan(&name, pool.spec.layout, &decision, &filesystem);
+        let current: Vec<pool::DeviceState<'_>> = devices
+            .iter()
+            .map(|device| {
+                let status = device.status.as_ref();
+                (
+                    device.metadata.name.as_deref().unwrap_or_default(),
+                    status.and_then(|status| status.state),
+                    status.and_then(|status| status.pool.as_deref()),
+                )
+            })
+            .collect();
+        let mut error = None;
+        if let Ok(steps) = &planned
+            && !steps.is_empty()
+        {
+            for device in pool::to_mark_claimed(&name, &decision, steps, &current) {
+                self.apply_device(
+                    &device,
+                    BlockDeviceState::Claimed,
+                    &name,
+                    format!("claimed by pool {name}; joining its filesystem"),
+                )
+                .await?;
+            }
+            tracing::info!(node = %self.node, pool = %name, ?steps, "building the pool");
+            let (steps, path) = (steps.clone(), mount_path.clone());
+            if let Err(message) = blocking(Err("the pool steps panicked".to_string()), move || {
+                run_steps(&steps, &path)
+            })
+            .await
+            {
+                tracing::error!(node = %self.node, pool = %name, %message, "a pool step failed");
+                error = Some(message);
+            }
+        }
+        let (show, usage) = {
+            let path = mount_path.clone();
+            blocking((None, None), move || current_filesystem(&path)).await
+        };
+        for device in pool::to_mark_in_use(&name, &decision, show.as_ref(), &current) {
+            self.apply_device(
+                &device,
+                BlockDeviceState::InUse,
+                &name,
+                format!("member of pool {name}, mounted at {}", mount_path.display()),
+            )
+            .await?;
+        }
+        let blocked = planned.err();
+        let status = pool::node_status(
+            &self.node,
+            &decision,
+            &missing_paths,
+            &Outcome {
+                show: show.as_ref(),
+                usage: usage.as_ref(),
+                blocked: blocked.as_ref(),
+                error: error.as_deref(),
+                allocated_bytes: 0,
+            },
+        );
+        if let Some(Blocked::Shortfall(shortfall)) = &blocked {
+            tracing::warn!(node = %self.node, pool = %name, %shortfall, "pool not built");
+        }
+        self.apply_node_status(pool, &status).await?;
+        self.apply_totals(&name).await?;
+        self.apply_storage_class(pool).await
+    }
+
+    /// Removes this node's entry from a pool that no longer selects it: applying no
+    /// entry under the node's field manager releases the entry, and server-side apply
+    /// deletes what no manager owns. The filesystem, its mount and the disks' `InUse`
+    /// are kept: leaving a selector must never destroy data implicitly.
+    async fn leave(&self, pool: &StoragePool) -> Result<(), PoolsError> {
+        let listed = pool
+            .status
+            .as_ref()
+            .is_some_and(|status| status.nodes.iter().any(|entry| entry.node == self.node));
+        if !listed {
+            return Ok(());
+        }
+        let name = pool.name_any();
+        tracing::info!(node = %self.node, pool = %name, "the pool no longer selects this node; removing its status entry");
+        let object = json!({
+            "apiVersion": "castellan.io/v1alpha1",
+            "kind": "StoragePool",
+            "metadata": { "name": name },
+            "status": {},
+        });
+        let manager = format!("castellan-agent/{}", self.node);
+        Api::<StoragePool>::all(self.client.clone())
+            .patch_status(
+                &name,
+                &PatchParams::apply(&manager).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map_err(|source| PoolsError::Apply {
+                what: "this node's status (removing it)",
+                name: format!("StoragePool {name}"),
+                source,
+            })?;
+        self.apply_totals(&name).await
+    }
+
+    /// Recomputes the pool-wide status from every node's entry and applies it with the
+    /// resource version read as a precondition: another node's entry written in
+    /// between makes the write fail with a conflict, and it is computed again.
+    async fn apply_totals(&self, name: &str) -> Result<(), PoolsError> {
+        let api = Api::<StoragePool>::all(self.client.clone());
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let pool = api.get(name).await.map_err(|source| PoolsError::Apply {
+                what: "the totals (reading)",
+                name: format!("StoragePool {name}"),
+                source,
+            })?;
+            let status = pool.status.clone().unwrap_or_default();
+            let totals = totals::compute(
+                &status.nodes,
+                pool.metadata.generation,
+                &status.conditions,
+                Timestamp::now(),
+            );
+            let current = (
+                status.capacity.as_deref(),
+                status.allocated.as_deref(),
+                status.free.as_deref(),
+                status.ready_nodes,
+                status.phase.as_deref(),
+                &status.conditions,
+                status.observed_generation,
+            );
+            let wanted = (
+                Some(totals.capacity.as_str()),
+                Some(totals.allocated.as_str()),
+                Some(totals.free.as_str()),
+                Some(totals.ready_nodes),
+                Some(totals.phase),
+                &totals.conditions,
+                pool.metadata.generation,
+            );
+            if current == wanted {
+                return Ok(());
+            }
+            let object = json!({
+                "apiVersion": "castellan.io/v1alpha1",
+                "kind": "StoragePool",
+                "metadata": { "name": name, "resourceVersion": pool.resource_version() },
+                "status": {
+                    "observedGeneration": pool.metadata.generation,
+                    "capacity": totals.capacity,
+                    "allocated": totals.allocated,
+                    "free": totals.free,
+                    "readyNodes": totals.ready_nodes,
+                    "phase": totals.phase,
+                    "conditions": totals.conditions,
+                },
+            });
+            let params = PatchParams::apply(TOTALS_FIELD_MANAGER).force();
+            match api
+                .patch_status(name, &params, &Patch::Apply(&object))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(response)) if response.code == 409 && attempts < 5 => {
+                    tracing::debug!(node = %self.node, pool = %name, "totals conflict; recomputing");
+                }
+                Err(source) => {
+                    return Err(PoolsError::Apply {
+                        what: "the totals",
+                        name: format!("StoragePool {name}"),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn apply_device(
+        &self,
+        device: &str,
+        state: BlockDeviceState,
+        pool: &str,
+        message: String,
+    ) -> Result<(), PoolsError> {
+        let status = BlockDeviceStatus {
+            state: Some(state),
+            pool: Some(pool.to_string()),
+            message: Some(message),
+            ..Default::default()
+        };
+        let object = json!({
+            "apiVersion": "castellan.io/v1alpha1",
+            "kind": "BlockDevice",
+            "metadata": { "name": device },
+            "status": status,
+        });
+        let manager = format!("castellan-agent-pools/{}", self.node);
+        Api::<BlockDevice>::all(self.client.clone())
+            .patch_status(
+                device,
+                &PatchParams::apply(&manager).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map(drop)
+            .map_err(|source| PoolsError::Apply {
+                what: "the status",
+                name: format!("BlockDevice {device}"),
+                source,
+            })
+    }
+
+    async fn apply_node_status(
+        &self,
+        pool: &StoragePool,
+        status: &castellan_crds::storage_pool::PoolNodeStatus,
+    ) -> Result<(), PoolsError> {
+        let name = pool.name_any();
+        let object = json!({
+            "apiVersion": "castellan.io/v1alpha1",
+            "kind": "StoragePool",
+            "metadata": { "name": name },
+            "status": { "nodes": [status] },
+        });
+        let manager = format!("castellan-agent/{}", self.node);
+        Api::<StoragePool>::all(self.client.clone())
+            .patch_status(
+                &name,
+                &PatchParams::apply(&manager).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map(drop)
+            .map_err(|source| PoolsError::Apply {
+                what: "this node's status",
+                name: format!("StoragePool {name}"),
+                source,
+            })
+    }
+
+    async fn apply_storage_class(&self, pool: &StoragePool) -> Result<(), PoolsError> {
+        let mut class = serde_json::to_value(storage_class::build(pool)).unwrap_or_default();
+        class["apiVersion"] = json!("storage.k8s.io/v1");
+        class["kind"] = json!("StorageClass");
+        let name = pool.spec.storage_class.name.clone();
+        Api::<StorageClass>::all(self.client.clone())
+            .patch(
+                &name,
+                &PatchParams::apply(CLASS_FIELD_MANAGER).force(),
+                &Patch::Apply(&class),
+            )
+            .await
+            .map(drop)
+            .map_err(|source| PoolsError::Apply {
+                what: "the StorageClass",
+                name: format!("{name} of StoragePool {}", pool.name_any()),
+                source,
+            })
+    }
+}
+
+fn failed_status(node: &str, message: String) -> castellan_crds::storage_pool::PoolNodeStatus {
+    castellan_crds::storage_pool::PoolNodeStatus {
+        node: node.to_string(),
+        health: Some(pool::FAILED.to_string()),
+        message: Some(message),
+        ..Default::default()
+    }
+}
+
+/// Runs blocking work (commands, the mount table) off the async runtime. A panic
+/// there is a bug: reported, and the work's `fallback` is used.
+async fn blocking<T: Send + 'static>(fallback: T, work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(error) => {
+            tracing::error!(%error, "pool work panicked");
+            fallback
+        }
+    }
+}
+
+/// What the pool's filesystem looks like now.
+fn inspect(mount_path: &Path, members: bool) -> Filesystem {
+    if let Some(show) = mounted_show(mount_path) {
+        return Filesystem::Mounted(show);
+    }
+    if members {
+        Filesystem::Unmounted
+    } else {
+        Filesystem::Absent
+    }
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    Command::new("mountpoint")
+        .arg("-q")
+        .arg(path)
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+fn mounted_show(mount_path: &Path) -> Option<Show> {
+    if !is_mount_point(mount_path) {
+        return None;
+    }
+    let path = mount_path.to_string_lossy();
+    run("btrfs", &["filesystem", "show", "--raw", &path])
+        .ok()
+        .and_then(|text| btrfs::parse_show(&text))
+}
+
+/// `btrfs filesystem show` and `usage` of the mounted pool, if mounted.
+fn current_filesystem(mount_path: &Path) -> (Option<Show>, Option<Usage>) {
+    let Some(show) = mounted_show(mount_path) else {
+        return (None, None);
+    };
+    let path = mount_path.to_string_lossy();
+    let usage = run("btrfs", &["filesystem", "usage", "-b", &path])
+        .ok()
+        .and_then(|text| btrfs::parse_usage(&text));
+    (Some(show), usage)
+}
+
+/// Runs the steps in order, stopping at the first failure, whose error is returned.
+fn run_steps(steps: &[Step], mount_path: &Path) -> Result<(), String> {
+    let mount = mount_path.to_string_lossy().into_owned();
+    for step in steps {
+        match step {
+            Step::Wipe(path) => {
+                run("wipefs", &["--all", path])?;
+            }
+            Step::Mkfs(args) => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                run("mkfs.btrfs", &args)?;
+            }
+            Step::Mount { devices, degraded } => {
+                std::fs::create_dir_all(mount_path)
+                    .map_err(|error| format!("creating mount point {mount}: {error}"))?;
+                let mut scan = vec!["device", "scan"];
+                scan.extend(devices.iter().map(String::as_str));
+                run("btrfs", &scan)?;
+                let first = devices
+                    .first()
+                    .ok_or_else(|| format!("mounting {mount}: no device to mount"))?;
+                let mut args = vec!["-t", "btrfs"];
+                if *degraded {
+                    args.extend(["-o", "degraded"]);
+                }
+                args.extend([first.as_str(), mount.as_str()]);
+                run("mount", &args)?;
+            }
+            Step::EnableQuota => {
+                run("btrfs", &["quota", "enable", &mount])?;
+            }
+            Step::AddDevices(paths) => {
+                let mut args = vec!["device", "add"];
+                args.extend(paths.iter().map(String::as_str));
+                args.push(&mount);
+                run("btrfs", &args)?;
+            }
+            Step::Balance { data, metadata } => {
+                let data = format!("-dconvert={data},soft");
+                let metadata = format!("-mconvert={metadata},soft");
+                run(
+                    "btrfs",
+                    &["balance", "start", "--bg", &data, &metadata, &mount],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a command; its stdout, or what was run and how it failed.
+fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|error| format!("running {program} {}: {error}", args.join(" ")))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}

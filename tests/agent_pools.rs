@@ -1,0 +1,695 @@
+//! End-to-end: the real `castellan agent` building `StoragePool`s on two simulated
+//! nodes, with real loop devices over sparse files and real btrfs, against the cluster
+//! in `CASTELLAN_KUBECONFIG`. Needs root (losetup, mount), util-linux, `sfdisk`,
+//! e2fsprogs and btrfs-progs.
+//!
+//! Each node is one agent process with its own node name, an allow-list matching only
+//! its own scratch files, and a pool root in the test's scratch directory. Every loop
+//! device, mount, process and object is removed by a guard, also when a test fails;
+//! each test ends by asserting that nothing of its own is still mounted.
+
+mod support;
+
+use std::fs::{self, File};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use castellan_crds::block_device::{BlockDevice, BlockDeviceState};
+use castellan_crds::storage_pool::{PoolNodeStatus, StoragePool, StoragePoolStatus};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+
+const MIB: u64 = 1024 * 1024;
+/// btrfs raid1 wants a little over 100 MiB per device; 256 MiB leaves room.
+const DISK: u64 = 256 * MIB;
+
+fn run(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The test's scratch directory, removed on drop (declared first, dropped last).
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("castellan-pools-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        Self { dir }
+    }
+
+    fn node_dir(&self, node: &str) -> PathBuf {
+        let dir = self.dir.join("disks").join(node);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        dir
+    }
+
+    fn pool_root(&self) -> PathBuf {
+        self.dir.join("pools")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Never remove a directory with something still mounted under it.
+        if mounts_under(&self.dir).is_empty() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn disk_file(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    File::create(&path)
+        .and_then(|file| file.set_len(DISK))
+        .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+    path
+}
+
+fn ext4_file(dir: &Path, name: &str) -> PathBuf {
+    let path = disk_file(dir, name);
+    run("mkfs.ext4", &["-q", "-F", &path.to_string_lossy()]);
+    path
+}
+
+fn gpt_file(dir: &Path, name: &str) -> PathBuf {
+    let path = disk_file(dir, name);
+    let mut sfdisk = Command::new("sfdisk")
+        .args(["--quiet", &path.to_string_lossy()])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("running sfdisk");
+    sfdisk
+        .stdin
+        .take()
+        .expect("sfdisk stdin")
+        .write_all(b"label: gpt\n")
+        .expect("writing to sfdisk");
+    assert!(
+        sfdisk.wait().expect("waiting for sfdisk").success(),
+        "sfdisk failed"
+    );
+    path
+}
+
+/// Loop devices, detached on drop (after `btrfs device scan --forget`, so the kernel
+/// keeps no stale btrfs member at a path the next user of the loop gets).
+#[derive(Default)]
+struct Loops {
+    devices: Vec<(String, bool)>,
+}
+
+impl Loops {
+    fn attach(&mut self, file: &Path) -> String {
+        let path = run("losetup", &["--find", "--show", &file.to_string_lossy()])
+            .trim()
+            .to_string();
+        self.devices.push((path.clone(), true));
+        path
+    }
+
+    fn detach(&mut self, path: &str) {
+        for (device, attached) in &mut self.devices {
+            if device == path && *attached {
+                let _ = Command::new("btrfs")
+                    .args(["device", "scan", "--forget", device])
+                    .output();
+                run("losetup", &["--detach", device]);
+                *attached = false;
+            }
+        }
+    }
+}
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for (device, attached) in &self.devices {
+            if *attached {
+                let _ = Command::new("btrfs")
+                    .args(["device", "scan", "--forget", device])
+                    .output();
+                let _ = Command::new("losetup").args(["--detach", device]).status();
+            }
+        }
+    }
+}
+
+/// Mount points under `dir`, from this process's mount table.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.to_string_lossy().into_owned();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4).map(str::to_string))
+        .filter(|mount| mount.starts_with(&prefix))
+        .collect()
+}
+
+/// Unmounts everything under the pool root on drop (declared after `Loops`, so it
+/// runs before the loop devices are detached).
+struct Unmount {
+    root: PathBuf,
+}
+
+impl Unmount {
+    fn all(&self) {
+        for mount in mounts_under(&self.root).iter().rev() {
+            let status = Command::new("umount").arg(mount).status();
+            if !status.is_ok_and(|s| s.success()) {
+                let _ = Command::new("umount").args(["--lazy", mount]).status();
+            }
+        }
+    }
+}
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        self.all();
+    }
+}
+
+/// A running agent, killed on drop; its log is printed if the test failed.
+struct Agent {
+    child: Option<Child>,
+    log: PathBuf,
+    node: String,
+}
+
+impl Agent {
+    fn start(node: &str, disks: &Path, pool_root: &Path, log_dir: &Path) -> Self {
+        let log = log_dir.join(format!("agent-{node}.log"));
+        let log_file = File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("opening the agent log");
+        let allow = format!("^{}/", regex::escape(&disks.to_string_lossy()));
+        let child = Command::new(env!("CARGO_BIN_EXE_castellan"))
+            .args(["agent", "--node-name", node, "--device-allow", &allow])
+            .arg("--pool-root")
+            .arg(pool_root)
+            // Only uevents and pool changes trigger looks: the timer is out of the way.
+            .args(["--rescan-seconds", "600", "--pool-poll-seconds", "1"])
+            .env("KUBECONFIG", support::kubeconfig_path())
+            .env("RUST_LOG", "info,castellan::agent=debug")
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("starting castellan agent");
+        Self {
+            child: Some(child),
+            log,
+            node: node.to_string(),
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+        // The log of a failed test, or of every agent with CASTELLAN_AGENT_LOGS set.
+        if std::thread::panicking() || std::env::var_os("CASTELLAN_AGENT_LOGS").is_some() {
+            eprintln!(
+                "--- agent log of {} ---\n{}",
+                self.node,
+                fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// Deletes the test's Nodes, pools, StorageClasses and BlockDevices on drop.
+#[derive(Default)]
+struct Objects {
+    nodes: Vec<String>,
+    pools: Vec<String>,
+    classes: Vec<String>,
+}
+
+impl Drop for Objects {
+    fn drop(&mut self) {
+        for pool in &self.pools {
+            let _ = support::kubectl(&["delete", "storagepool", pool, "--wait=false"]);
+        }
+        for class in &self.classes {
+            let _ = support::kubectl(&["delete", "storageclass", class, "--wait=false"]);
+        }
+        for node in &self.nodes {
+            let selector = format!("castellan.io/node={node}");
+            let _ = support::kubectl(&["delete", "blockdevices", "-l", &selector, "--wait=false"]);
+            let _ = support::kubectl(&["delete", "node", node, "--wait=false"]);
+        }
+    }
+}
+
+async fn create_node(nodes: &Api<Node>, name: &str, group: &str) {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "labels": { "castellan.io/test-pools": group } }
+    }))
+    .expect("a Node object");
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap_or_else(|e| panic!("creating Node {name}: {e}"));
+}
+
+async fn create_pool(pools: &Api<StoragePool>, name: &str, group: &str, layout: &str) {
+    let pool: StoragePool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "castellan.io/v1alpha1",
+        "kind": "StoragePool",
+        "metadata": { "name": name },
+        "spec": {
+            "nodeSelector": { "matchLabels": { "castellan.io/test-pools": group } },
+            "layout": layout,
+            "storageClass": { "name": name, "reclaimPolicy": "Delete" },
+        }
+    }))
+    .expect("a StoragePool object");
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap_or_else(|e| panic!("creating StoragePool {name}: {e}"));
+}
+
+/// Polls pool `name` until the entry of `node` satisfies `ready`; returns it.
+async fn wait_node(
+    pools: &Api<StoragePool>,
+    name: &str,
+    node: &str,
+    what: &str,
+    ready: impl Fn(&PoolNodeStatus) -> bool,
+) -> PoolNodeStatus {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut last = None;
+    while Instant::now() < deadline {
+        let pool = pools.get(name).await.expect("reading the StoragePool");
+        let entry = pool
+            .status
+            .unwrap_or_default()
+            .nodes
+            .into_iter()
+            .find(|entry| entry.node == node);
+        if let Some(entry) = &entry
+            && ready(entry)
+        {
+            return entry.clone();
+        }
+        last = entry;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("pool {name} on {node} never became {what}; last: {last:#?}");
+}
+
+/// Polls pool `name` until its status satisfies `ready`; returns it.
+async fn wait_pool(
+    pools: &Api<StoragePool>,
+    name: &str,
+    what: &str,
+    ready: impl Fn(&StoragePoolStatus) -> bool,
+) -> StoragePoolStatus {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while Instant::now() < deadline {
+        let status = pools
+            .get(name)
+            .await
+            .expect("reading the StoragePool")
+            .status
+            .unwrap_or_default();
+        if ready(&status) {
+            return status;
+        }
+        last = Some(status);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("pool {name} never became {what}; last: {last:#?}");
+}
+
+/// Bytes as the agent writes quantities (the largest exact binary unit).
+fn quantity(bytes: i64) -> String {
+    for (suffix, unit) in [
+        ("Ti", 1i64 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ] {
+        if bytes >= unit && bytes % unit == 0 {
+            return format!("{}{suffix}", bytes / unit);
+        }
+    }
+    bytes.to_string()
+}
+
+fn paths(entry: &PoolNodeStatus) -> Vec<String> {
+    let mut paths: Vec<String> = entry.disks.iter().map(|d| d.path.clone()).collect();
+    paths.sort();
+    paths
+}
+
+fn sorted(mut paths: Vec<String>) -> Vec<String> {
+    paths.sort();
+    paths
+}
+
+fn btrfs_devices(mount: &Path) -> usize {
+    run(
+        "btrfs",
+        &["filesystem", "show", "--raw", &mount.to_string_lossy()],
+    )
+    .lines()
+    .filter(|line| line.trim_start().starts_with("devid"))
+    .count()
+}
+
+#[tokio::test]
+async fn raid1_on_two_nodes_claims_clean_disks_takes_dirty_ones_with_wipe_grows_and_degrades() {
+    let client = support::client().await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let pool_api: Api<StoragePool> = Api::all(client.clone());
+    let device_api: Api<BlockDevice> = Api::all(client.clone());
+    let class_api: Api<StorageClass> = Api::all(client.clone());
+    let pid = std::process::id();
+    let group = format!("raid1-{pid}");
+    let names = [format!("pools-n1-{pid}"), format!("pools-n2-{pid}")];
+    let pool = format!("raid1-{pid}");
+
+    // Declaration order is drop order reversed: agents stop, pools unmount, loops
+    // detach, objects go, scratch goes.
+    let scratch = Scratch::new("raid1");
+    let mut objects = Objects::default();
+    let mut loops = Loops::default();
+    let unmount = Unmount {
+        root: scratch.pool_root(),
+    };
+    let mut agents: Vec<Agent> = Vec::new();
+
+    let mut clean = Vec::new();
+    let mut dirty = Vec::new();
+    for node in &names {
+        objects.nodes.push(node.clone());
+        create_node(&node_api, node, &group).await;
+        let dir = scratch.node_dir(node);
+        let a = loops.attach(&disk_file(&dir, "clean-a.img"));
+        let b = loops.attach(&disk_file(&dir, "clean-b.img"));
+        let ext4 = loops.attach(&ext4_file(&dir, "ext4.img"));
+        let gpt = loops.attach(&gpt_file(&dir, "gpt.img"));
+        clean.push(vec![a, b]);
+        dirty.push((ext4, gpt));
+        agents.push(Agent::start(node, &dir, &scratch.pool_root(), &scratch.dir));
+    }
+
+    objects.pools.push(pool.clone());
+    objects.classes.push(pool.clone());
+    let created = Instant::now();
+    create_pool(&pool_api, &pool, &group, "raid1").await;
+
+    // Exactly the clean disks, and a reason for each dirty one.
+    for (i, node) in names.iter().enumerate() {
+        let entry = wait_node(&pool_api, &pool, node, "Healthy with two disks", |e| {
+            e.health.as_deref() == Some("Healthy") && e.disks.len() == 2
+        })
+        .await;
+        println!(
+            "{node}: raid1 pool built {:.2} s after the StoragePool was created",
+            created.elapsed().as_secs_f64()
+        );
+        assert_eq!(paths(&entry), sorted(clean[i].clone()));
+        let (ext4, gpt) = &dirty[i];
+        let reason = |path: &str| {
+            entry
+                .rejected
+                .iter()
+                .find(|r| r.path == path)
+                .map(|r| r.reason.clone())
+                .unwrap_or_else(|| panic!("no rejection for {path}: {entry:#?}"))
+        };
+        assert_eq!(reason(ext4), "has an ext4 filesystem (allowWipe is off)");
+        assert!(
+            reason(gpt).starts_with("has a partition table (gpt)")
+                && reason(gpt).ends_with("(allowWipe is off)"),
+            "{}",
+            reason(gpt)
+        );
+        let capacity = entry.capacity_bytes.expect("capacityBytes");
+        assert!(
+            capacity > 200 * MIB as i64 && capacity <= DISK as i64,
+            "raid1 of two 256 MiB disks has about 256 MiB usable, not {capacity}"
+        );
+        assert_eq!(entry.allocated_bytes, Some(0));
+        assert_eq!(entry.free_bytes, Some(capacity));
+
+        let mount = scratch.pool_root().join(node).join(&pool);
+        assert!(mounts_under(&mount).contains(&mount.to_string_lossy().into_owned()));
+        assert_eq!(btrfs_devices(&mount), 2);
+        let profiles = run("btrfs", &["filesystem", "df", &mount.to_string_lossy()]);
+        assert!(profiles.contains("Data, RAID1"), "{profiles}");
+        // Quotas are on: qgroups can be listed.
+        run("btrfs", &["qgroup", "show", &mount.to_string_lossy()]);
+
+        let members = device_api
+            .list(&ListParams::default().labels(&format!("castellan.io/node={node}")))
+            .await
+            .expect("listing BlockDevices");
+        for device in &members.items {
+            let status = device.status.clone().unwrap_or_default();
+            if clean[i].contains(&device.spec.path) {
+                assert_eq!(status.state, Some(BlockDeviceState::InUse), "{device:#?}");
+                assert_eq!(status.pool.as_deref(), Some(pool.as_str()));
+            } else {
+                assert_eq!(
+                    status.state,
+                    Some(BlockDeviceState::Unclaimed),
+                    "{device:#?}"
+                );
+            }
+        }
+    }
+    // Totals over both nodes: two raid1 pools of two 256 MiB disks each.
+    let totals = wait_pool(&pool_api, &pool, "Ready with totals", |status| {
+        status.phase.as_deref() == Some("Ready") && status.ready_nodes == Some(2)
+    })
+    .await;
+    let per_node: i64 = totals.nodes.iter().filter_map(|n| n.capacity_bytes).sum();
+    assert_eq!(
+        totals.capacity.as_deref(),
+        Some(quantity(per_node).as_str())
+    );
+    assert_eq!(totals.allocated.as_deref(), Some("0"));
+    let ready = totals
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("a Ready condition");
+    assert_eq!(ready.status, "True", "{ready:#?}");
+
+    let class = class_api.get(&pool).await.expect("the StorageClass");
+    assert_eq!(class.provisioner, "castellan.io/local");
+    assert_eq!(
+        class.volume_binding_mode.as_deref(),
+        Some("WaitForFirstConsumer")
+    );
+    assert_eq!(class.allow_volume_expansion, Some(true));
+
+    // Data written now must survive a lost disk later.
+    let n2_mount = scratch.pool_root().join(&names[1]).join(&pool);
+    fs::write(n2_mount.join("kept.txt"), b"still here").expect("writing to the pool");
+    run("sync", &[]);
+
+    // allowWipe: the dirty disks join, wiped.
+    let wiped = Instant::now();
+    pool_api
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "devices": { "allowWipe": true } } })),
+        )
+        .await
+        .expect("setting allowWipe");
+    for (i, node) in names.iter().enumerate() {
+        let entry = wait_node(&pool_api, &pool, node, "four disks with allowWipe", |e| {
+            e.disks.len() == 4 && e.rejected.is_empty()
+        })
+        .await;
+        println!(
+            "{node}: dirty disks wiped and joined {:.2} s after allowWipe was set",
+            wiped.elapsed().as_secs_f64()
+        );
+        let mut expected = clean[i].clone();
+        expected.extend([dirty[i].0.clone(), dirty[i].1.clone()]);
+        assert_eq!(paths(&entry), sorted(expected));
+        assert_eq!(entry.health.as_deref(), Some("Healthy"));
+    }
+
+    // Hotplug: a new clean disk on node 1 joins its pool.
+    let before = wait_node(&pool_api, &pool, &names[0], "settled", |e| {
+        e.disks.len() == 4
+    })
+    .await
+    .capacity_bytes
+    .unwrap_or_default();
+    let dir = scratch.node_dir(&names[0]);
+    let file = disk_file(&dir, "hotplug.img");
+    let attached = Instant::now();
+    let new = loops.attach(&file);
+    let grown = wait_node(&pool_api, &pool, &names[0], "grown by the new disk", |e| {
+        e.disks.iter().any(|d| d.path == new) && e.capacity_bytes.unwrap_or_default() > before
+    })
+    .await;
+    println!(
+        "{}: {:.2} s from attaching {new} to pool growth ({} -> {} bytes usable)",
+        names[0],
+        attached.elapsed().as_secs_f64(),
+        before,
+        grown.capacity_bytes.unwrap_or_default()
+    );
+    assert_eq!(grown.disks.len(), 5);
+
+    // A lost member: node 2's agent stops (a node restart), the pool is unmounted and
+    // one member is detached; the restarted agent mounts it degraded and says why.
+    agents[1].stop();
+    run("umount", &[&n2_mount.to_string_lossy()]);
+    let lost = clean[1][0].clone();
+    loops.detach(&lost);
+    let restarted = Instant::now();
+    agents[1] = Agent::start(
+        &names[1],
+        &scratch.node_dir(&names[1]),
+        &scratch.pool_root(),
+        &scratch.dir,
+    );
+    let degraded = wait_node(&pool_api, &pool, &names[1], "Degraded", |e| {
+        e.health.as_deref() == Some("Degraded")
+    })
+    .await;
+    println!(
+        "{}: Degraded {:.2} s after the agent restarted with a member missing: {}",
+        names[1],
+        restarted.elapsed().as_secs_f64(),
+        degraded.message.clone().unwrap_or_default()
+    );
+    let message = degraded.message.clone().unwrap_or_default();
+    assert!(message.contains("1 disk is missing"), "{message}");
+    assert!(
+        degraded
+            .disks
+            .iter()
+            .any(|d| d.path == lost && d.state.as_deref() == Some("Missing"))
+            || degraded
+                .disks
+                .iter()
+                .any(|d| d.state.as_deref() == Some("Missing")),
+        "{degraded:#?}"
+    );
+    let totals = wait_pool(&pool_api, &pool, "Degraded as a whole", |status| {
+        status.phase.as_deref() == Some("Degraded")
+    })
+    .await;
+    let condition = totals
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .expect("a Degraded condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.message.as_str()),
+        ("True", format!("degraded on {}", names[1]).as_str())
+    );
+    assert_eq!(
+        fs::read_to_string(n2_mount.join("kept.txt")).expect("reading from the degraded pool"),
+        "still here"
+    );
+
+    // Clean up explicitly, then prove nothing of ours is mounted.
+    for agent in &mut agents {
+        agent.stop();
+    }
+    unmount.all();
+    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn raid1_with_one_disk_is_refused_with_a_reason() {
+    let client = support::client().await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let pool_api: Api<StoragePool> = Api::all(client.clone());
+    let pid = std::process::id();
+    let group = format!("single-disk-{pid}");
+    let node = format!("pools-n3-{pid}");
+    let pool = format!("lonely-{pid}");
+
+    let scratch = Scratch::new("lonely");
+    let mut objects = Objects::default();
+    let mut loops = Loops::default();
+    let unmount = Unmount {
+        root: scratch.pool_root(),
+    };
+    objects.nodes.push(node.clone());
+    create_node(&node_api, &node, &group).await;
+    let dir = scratch.node_dir(&node);
+    let disk = loops.attach(&disk_file(&dir, "only.img"));
+    let mut agent = Agent::start(&node, &dir, &scratch.pool_root(), &scratch.dir);
+
+    objects.pools.push(pool.clone());
+    objects.classes.push(pool.clone());
+    create_pool(&pool_api, &pool, &group, "raid1").await;
+    let entry = wait_node(&pool_api, &pool, &node, "Pending", |e| {
+        e.health.as_deref() == Some("Pending") && e.message.is_some()
+    })
+    .await;
+    assert_eq!(
+        entry.message.as_deref(),
+        Some("no filesystem built: layout raid1 needs at least 2 disks, and 1 disk can be claimed")
+    );
+    assert!(entry.disks.is_empty(), "{entry:#?}");
+    assert_eq!(entry.capacity_bytes, None);
+    let signatures = run("wipefs", &["--no-act", &disk]);
+    assert!(
+        signatures.trim().is_empty(),
+        "the disk was touched: {signatures}"
+    );
+
+    // The node leaves the pool's selector: its entry goes (on the next look, which a
+    // new disk's uevent triggers), and the totals follow.
+    node_api
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": { "labels": { "castellan.io/test-pools": null } }
+            })),
+        )
+        .await
+        .expect("removing the Node's label");
+    loops.attach(&disk_file(&dir, "trigger.img"));
+    let left = wait_pool(&pool_api, &pool, "without the node's entry", |status| {
+        status.nodes.is_empty() && status.ready_nodes == Some(0)
+    })
+    .await;
+    assert_eq!(left.phase.as_deref(), Some("Pending"), "{left:#?}");
+
+    agent.stop();
+    unmount.all();
+    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+}
