@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod instance;
+mod operator;
 
 /// Castellan runs stateful data services on Kubernetes by itself.
 #[derive(Parser)]
@@ -31,6 +32,8 @@ enum Command {
     Version,
     /// Run the node agent: discover this node's disks and keep its BlockDevices current.
     Agent(agent::AgentArgs),
+    /// Run the operator: the controllers.
+    Operator(operator::OperatorArgs),
     /// Run the instance manager: PID 1 of a database pod.
     Instance(Box<instance::InstanceArgs>),
 }
@@ -46,6 +49,12 @@ fn main() -> anyhow::Result<()> {
                 .block_on(instance::run(*args))
         }
         Command::Agent(args) => agent::run(args),
+        Command::Operator(args) => {
+            init_logging();
+            tokio::runtime::Runtime::new()
+                .context("starting the async runtime")?
+                .block_on(operator::run(args))
+        }
         Command::Crds { out_dir } => write_crds(out_dir),
         Command::Version => {
             println!(

@@ -171,7 +171,33 @@ async fn prepare_one(
         bail!("volume type not supported by castellan-devnode");
     }
     write_files(&dir, &files, default_mode.unwrap_or(0o644))?;
+    give_to_group(&dir, fs_group)?;
     Ok(dir)
+}
+
+/// `fsGroup` on files the node wrote (Secret, ConfigMap, downward API, projected): the
+/// kubelet makes them group-owned by it, so a `defaultMode` of 0440 is readable by a
+/// non-root container user in that group.
+fn give_to_group(dir: &Path, fs_group: Option<u32>) -> anyhow::Result<()> {
+    let Some(group) = fs_group else { return Ok(()) };
+    let gid = nix::unistd::Gid::from_raw(group);
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        nix::unistd::chown(&path, None, Some(gid))
+            .with_context(|| format!("giving {} to group {group}", path.display()))?;
+        if path.is_dir() {
+            for entry in
+                std::fs::read_dir(&path).with_context(|| format!("listing {}", path.display()))?
+            {
+                pending.push(
+                    entry
+                        .with_context(|| format!("listing {}", path.display()))?
+                        .path(),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The directory of the PV bound to the claim; an unbound claim is an error to retry.

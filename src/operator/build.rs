@@ -1,0 +1,613 @@
+//! The Kubernetes objects a `DatabaseCluster` owns, built as pure functions of its
+//! spec (and of the few facts that are not in it: generated passwords, the `-rw`
+//! Service's address). Nothing here talks to the API server; `reconcile` applies what
+//! these return.
+
+use std::collections::BTreeMap;
+
+use castellan_crds::DatabaseCluster;
+use castellan_crds::database_cluster::ReplicationMode;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, Probe, Secret,
+    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeResourceRequirements, WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+/// Label every owned object carries: the cluster's name.
+pub const CLUSTER_LABEL: &str = "castellan.io/cluster";
+/// Label of a pod and its volume: the instance's name.
+pub const INSTANCE_LABEL: &str = "castellan.io/instance";
+/// Label of a pod: `primary` or `replica`; the Services select on it.
+pub const ROLE_LABEL: &str = "castellan.io/role";
+/// The image every database pod runs (the instance manager with PostgreSQL).
+pub const IMAGE: &str = "ghcr.io/castellan-io/castellan";
+pub const POSTGRES_PORT: i32 = 5432;
+pub const INSTANCE_API_PORT: i32 = 8000;
+const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+const SECRETS_MOUNT: &str = "/etc/castellan/secrets";
+
+/// What the operator knows that the spec does not say.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// uid and gid the database processes run as (PostgreSQL refuses root).
+    pub postgres_uid: i64,
+    pub postgres_gid: i64,
+    /// Tag of the instance image.
+    pub image_tag: String,
+}
+
+fn name(cluster: &DatabaseCluster) -> String {
+    cluster.name_any()
+}
+
+/// Pod (and volume) name of instance `n` (1-based).
+pub fn instance_name(cluster: &DatabaseCluster, n: u32) -> String {
+    format!("{}-{n}", name(cluster))
+}
+
+pub fn secret_name(cluster: &DatabaseCluster, what: &str) -> String {
+    format!("{}-{what}", name(cluster))
+}
+
+pub fn service_name(cluster: &DatabaseCluster, suffix: &str) -> String {
+    format!("{}-{suffix}", name(cluster))
+}
+
+fn labels(cluster: &DatabaseCluster, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (CLUSTER_LABEL.to_owned(), name(cluster)),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            "castellan".to_owned(),
+        ),
+    ]);
+    for (key, value) in extra {
+        labels.insert((*key).to_owned(), (*value).to_owned());
+    }
+    labels
+}
+
+/// Metadata of an owned object: namespace, labels and the owner reference that makes
+/// deleting the cluster delete it.
+fn metadata(
+    cluster: &DatabaseCluster,
+    object_name: String,
+    labels: BTreeMap<String, String>,
+) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(object_name),
+        namespace: cluster.namespace(),
+        labels: Some(labels),
+        owner_references: cluster.controller_owner_ref(&()).map(|owner| vec![owner]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The three credential Secrets. Passwords are inputs: they are generated once, and a
+/// Secret that exists is never rewritten.
+pub fn secrets(
+    cluster: &DatabaseCluster,
+    superuser: &str,
+    replication: &str,
+    app: &str,
+) -> Vec<Secret> {
+    let (database, owner) = application(cluster);
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let host = format!("{}.{namespace}.svc", service_name(cluster, "rw"));
+    let secret = |what: &str, data: Vec<(&str, String)>| Secret {
+        metadata: metadata(cluster, secret_name(cluster, what), labels(cluster, &[])),
+        type_: Some("kubernetes.io/basic-auth".to_owned()),
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k.to_owned(), ByteString(v.into_bytes())))
+                .collect(),
+        ),
+        ..Secret::default()
+    };
+    vec![
+        secret(
+            "superuser",
+            vec![
+                ("username", "postgres".to_owned()),
+                ("password", superuser.to_owned()),
+            ],
+        ),
+        secret(
+            "replication",
+            vec![
+                ("username", "streaming_replica".to_owned()),
+                ("password", replication.to_owned()),
+            ],
+        ),
+        secret(
+            "app",
+            vec![
+                ("username", owner.clone()),
+                ("password", app.to_owned()),
+                ("dbname", database.clone()),
+                ("host", host.clone()),
+                ("port", POSTGRES_PORT.to_string()),
+                (
+                    "uri",
+                    format!("postgresql://{owner}:{app}@{host}:{POSTGRES_PORT}/{database}"),
+                ),
+            ],
+        ),
+    ]
+}
+
+/// The application database and its owner, from `bootstrap.initdb` or the defaults.
+pub fn application(cluster: &DatabaseCluster) -> (String, String) {
+    match cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.initdb.as_ref())
+    {
+        Some(initdb) => (initdb.database.clone(), initdb.owner.clone()),
+        None => ("app".to_owned(), "app".to_owned()),
+    }
+}
+
+/// `<name>-rw` (the primary), `<name>-ro` (replicas), `<name>-r` (any instance).
+pub fn services(cluster: &DatabaseCluster) -> Vec<Service> {
+    let service = |suffix: &str, role: Option<&str>| {
+        let mut selector = BTreeMap::from([(CLUSTER_LABEL.to_owned(), name(cluster))]);
+        if let Some(role) = role {
+            selector.insert(ROLE_LABEL.to_owned(), role.to_owned());
+        }
+        Service {
+            metadata: metadata(cluster, service_name(cluster, suffix), labels(cluster, &[])),
+            spec: Some(ServiceSpec {
+                selector: Some(selector),
+                ports: Some(vec![ServicePort {
+                    name: Some("postgres".to_owned()),
+                    port: POSTGRES_PORT,
+                    target_port: Some(IntOrString::Int(POSTGRES_PORT)),
+                    protocol: Some("TCP".to_owned()),
+                    ..ServicePort::default()
+                }]),
+                ..ServiceSpec::default()
+            }),
+            ..Service::default()
+        }
+    };
+    vec![
+        service("rw", Some("primary")),
+        service("ro", Some("replica")),
+        service("r", None),
+    ]
+}
+
+/// The volume of instance `n`.
+pub fn volume_claim(cluster: &DatabaseCluster, n: u32) -> PersistentVolumeClaim {
+    let instance = instance_name(cluster, n);
+    PersistentVolumeClaim {
+        metadata: metadata(
+            cluster,
+            instance.clone(),
+            labels(cluster, &[(INSTANCE_LABEL, &instance)]),
+        ),
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            storage_class_name: cluster.spec.storage.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(cluster.spec.storage.size.clone()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+/// `synchronous_standby_names` for a primary whose standbys are `standbys`: empty
+/// (asynchronous) unless the spec asks for a sync quorum, then `ANY n (…)` over the
+/// standbys, with `n` capped by how many exist so that writes are not blocked forever
+/// waiting for a replica that was never created.
+pub fn synchronous_standby_names(cluster: &DatabaseCluster, standbys: &[String]) -> String {
+    let Some(replication) = &cluster.spec.replication else {
+        return String::new();
+    };
+    if replication.mode != ReplicationMode::Sync || standbys.is_empty() {
+        return String::new();
+    }
+    let wanted = usize::try_from(replication.sync_replicas.unwrap_or(1).max(1)).unwrap_or(1);
+    let quorum = wanted.min(standbys.len());
+    let names: Vec<String> = standbys.iter().map(|s| format!("\"{s}\"")).collect();
+    format!("ANY {quorum} ({})", names.join(", "))
+}
+
+/// The role an instance's pod is created in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartRole {
+    Primary,
+    Replica,
+}
+
+impl StartRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartRole::Primary => "primary",
+            StartRole::Replica => "replica",
+        }
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_owned(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+/// The pod of instance `n`: the instance manager as PID 1, its volume, the credential
+/// files, a readiness probe on "accepting connections in its role", and a preference
+/// for a node without another instance of the cluster.
+pub fn pod(
+    cluster: &DatabaseCluster,
+    n: u32,
+    role: StartRole,
+    upstream_host: &str,
+    sync_names: &str,
+    settings: &Settings,
+) -> Pod {
+    let instance = instance_name(cluster, n);
+    let (database, owner) = application(cluster);
+    let parameters =
+        serde_json::to_string(&cluster.spec.parameters).unwrap_or_else(|_| "{}".to_owned());
+    let secret_volume = |what: &str| Volume {
+        name: what.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret_name(cluster, what)),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let secret_mount = |what: &str| VolumeMount {
+        name: what.to_owned(),
+        mount_path: format!("{SECRETS_MOUNT}/{what}"),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    let container = Container {
+        name: "postgres".to_owned(),
+        image: Some(format!("{IMAGE}:{}", settings.image_tag)),
+        args: Some(vec!["instance".to_owned()]),
+        env: Some(vec![
+            env("CASTELLAN_CLUSTER", name(cluster)),
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_IP", "status.podIP"),
+            env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
+            env("CASTELLAN_ROLE", role.as_str()),
+            env("CASTELLAN_UPSTREAM_HOST", upstream_host),
+            env("CASTELLAN_PARAMETERS", parameters),
+            env("CASTELLAN_SYNCHRONOUS_STANDBY_NAMES", sync_names),
+            env("CASTELLAN_APP_DATABASE", database),
+            env("CASTELLAN_APP_OWNER", owner),
+            env(
+                "CASTELLAN_SUPERUSER_PASSWORD_FILE",
+                format!("{SECRETS_MOUNT}/superuser/password"),
+            ),
+            env(
+                "CASTELLAN_REPLICATION_PASSWORD_FILE",
+                format!("{SECRETS_MOUNT}/replication/password"),
+            ),
+            env(
+                "CASTELLAN_APP_PASSWORD_FILE",
+                format!("{SECRETS_MOUNT}/app/password"),
+            ),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("postgres".to_owned()),
+                container_port: POSTGRES_PORT,
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("instance-api".to_owned()),
+                container_port: INSTANCE_API_PORT,
+                ..ContainerPort::default()
+            },
+        ]),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/readyz".to_owned()),
+                port: IntOrString::Int(INSTANCE_API_PORT),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(2),
+            failure_threshold: Some(3),
+            ..Probe::default()
+        }),
+        resources: cluster.spec.resources.clone(),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "data".to_owned(),
+                mount_path: DATA_MOUNT.to_owned(),
+                ..VolumeMount::default()
+            },
+            secret_mount("superuser"),
+            secret_mount("replication"),
+            secret_mount("app"),
+        ]),
+        ..Container::default()
+    };
+    let cluster_selector = LabelSelector {
+        match_labels: Some(BTreeMap::from([(CLUSTER_LABEL.to_owned(), name(cluster))])),
+        ..LabelSelector::default()
+    };
+    Pod {
+        metadata: metadata(
+            cluster,
+            instance.clone(),
+            labels(
+                cluster,
+                &[(INSTANCE_LABEL, &instance), (ROLE_LABEL, role.as_str())],
+            ),
+        ),
+        spec: Some(PodSpec {
+            containers: vec![container],
+            // The instance manager stops PostgreSQL with a fast shutdown; give it time.
+            termination_grace_period_seconds: Some(60),
+            security_context: Some(PodSecurityContext {
+                run_as_user: Some(settings.postgres_uid),
+                run_as_group: Some(settings.postgres_gid),
+                fs_group: Some(settings.postgres_gid),
+                run_as_non_root: Some(true),
+                ..PodSecurityContext::default()
+            }),
+            affinity: Some(Affinity {
+                pod_anti_affinity: Some(PodAntiAffinity {
+                    preferred_during_scheduling_ignored_during_execution: Some(vec![
+                        WeightedPodAffinityTerm {
+                            weight: 100,
+                            pod_affinity_term: PodAffinityTerm {
+                                label_selector: Some(cluster_selector),
+                                topology_key: "kubernetes.io/hostname".to_owned(),
+                                ..PodAffinityTerm::default()
+                            },
+                        },
+                    ]),
+                    ..PodAntiAffinity::default()
+                }),
+                ..Affinity::default()
+            }),
+            volumes: Some(vec![
+                Volume {
+                    name: "data".to_owned(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: instance,
+                        ..PersistentVolumeClaimVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
+                secret_volume("superuser"),
+                secret_volume("replication"),
+                secret_volume("app"),
+            ]),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use castellan_crds::DatabaseClusterSpec;
+
+    fn cluster(spec: serde_json::Value) -> DatabaseCluster {
+        let spec: DatabaseClusterSpec = serde_json::from_value(spec).expect("a valid spec");
+        let mut cluster = DatabaseCluster::new("orders", spec);
+        cluster.metadata.namespace = Some("shop".to_owned());
+        cluster.metadata.uid = Some("3f1c".to_owned());
+        cluster
+    }
+
+    fn three_sync() -> DatabaseCluster {
+        cluster(serde_json::json!({
+            "engine": "postgresql", "version": "15", "replicas": 3,
+            "storage": {"size": "1Gi", "storageClassName": "local"},
+            "replication": {"mode": "sync", "syncReplicas": 1},
+            "parameters": {"max_connections": "150"},
+            "bootstrap": {"initdb": {"database": "orders", "owner": "clerk"}}
+        }))
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            postgres_uid: 101,
+            postgres_gid: 104,
+            image_tag: "0.1.0".to_owned(),
+        }
+    }
+
+    #[test]
+    fn everything_is_owned_by_the_cluster() {
+        let cluster = three_sync();
+        let pod = pod(
+            &cluster,
+            1,
+            StartRole::Primary,
+            "127.96.0.9",
+            "",
+            &settings(),
+        );
+        let owner = &pod.metadata.owner_references.expect("owned")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+            ("DatabaseCluster", "orders", Some(true))
+        );
+        for service in services(&cluster) {
+            assert!(service.metadata.owner_references.is_some());
+        }
+        assert!(
+            volume_claim(&cluster, 2)
+                .metadata
+                .owner_references
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn services_follow_roles() {
+        let services = services(&three_sync());
+        let selectors: Vec<(String, Option<String>)> = services
+            .iter()
+            .map(|s| {
+                let selector = s
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.selector.clone())
+                    .unwrap_or_default();
+                (
+                    s.metadata.name.clone().unwrap_or_default(),
+                    selector.get(ROLE_LABEL).cloned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            selectors,
+            vec![
+                ("orders-rw".to_owned(), Some("primary".to_owned())),
+                ("orders-ro".to_owned(), Some("replica".to_owned())),
+                ("orders-r".to_owned(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_app_secret_holds_a_connection_uri() {
+        let secrets = secrets(&three_sync(), "s", "r", "pw");
+        let app = secrets
+            .iter()
+            .find(|s| s.metadata.name.as_deref() == Some("orders-app"))
+            .expect("app secret");
+        let data = app.data.as_ref().expect("data");
+        assert_eq!(
+            data["uri"].0,
+            b"postgresql://clerk:pw@orders-rw.shop.svc:5432/orders".to_vec()
+        );
+        assert_eq!(data["username"].0, b"clerk".to_vec());
+    }
+
+    #[test]
+    fn the_pod_runs_the_instance_manager_in_its_role() {
+        let pod = pod(
+            &three_sync(),
+            2,
+            StartRole::Replica,
+            "127.96.0.9",
+            "",
+            &settings(),
+        );
+        assert_eq!(pod.metadata.name.as_deref(), Some("orders-2"));
+        let labels = pod.metadata.labels.clone().expect("labels");
+        assert_eq!(labels[ROLE_LABEL], "replica");
+        assert_eq!(labels[INSTANCE_LABEL], "orders-2");
+        let spec = pod.spec.expect("spec");
+        let container = &spec.containers[0];
+        assert_eq!(
+            container.image.as_deref(),
+            Some("ghcr.io/castellan-io/castellan:0.1.0")
+        );
+        assert_eq!(
+            container.args.as_deref(),
+            Some(&["instance".to_owned()][..])
+        );
+        let env: BTreeMap<String, Option<String>> = container
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.name, e.value))
+            .collect();
+        assert_eq!(env["CASTELLAN_ROLE"].as_deref(), Some("replica"));
+        assert_eq!(
+            env["CASTELLAN_UPSTREAM_HOST"].as_deref(),
+            Some("127.96.0.9")
+        );
+        assert_eq!(
+            env["CASTELLAN_PARAMETERS"].as_deref(),
+            Some(r#"{"max_connections":"150"}"#)
+        );
+        assert_eq!(env["CASTELLAN_APP_OWNER"].as_deref(), Some("clerk"));
+        assert_eq!(
+            env["POD_IP"], None,
+            "the pod IP comes from the downward API"
+        );
+        let security = spec.security_context.expect("security context");
+        assert_eq!(
+            (security.run_as_user, security.run_as_group),
+            (Some(101), Some(104))
+        );
+        let claim = spec.volumes.expect("volumes")[0]
+            .persistent_volume_claim
+            .clone()
+            .expect("data volume");
+        assert_eq!(claim.claim_name, "orders-2");
+    }
+
+    #[test]
+    fn the_volume_claim_asks_for_the_spec_size_and_class() {
+        let claim = volume_claim(&three_sync(), 3);
+        let spec = claim.spec.expect("spec");
+        assert_eq!(spec.storage_class_name.as_deref(), Some("local"));
+        let requests = spec.resources.and_then(|r| r.requests).expect("requests");
+        assert_eq!(requests["storage"], Quantity("1Gi".to_owned()));
+    }
+
+    #[test]
+    fn sync_names_are_a_quorum_over_existing_standbys() {
+        let cluster = three_sync();
+        assert_eq!(synchronous_standby_names(&cluster, &[]), "");
+        assert_eq!(
+            synchronous_standby_names(&cluster, &["orders-2".into(), "orders-3".into()]),
+            "ANY 1 (\"orders-2\", \"orders-3\")"
+        );
+        let mut two = cluster.clone();
+        two.spec
+            .replication
+            .as_mut()
+            .expect("replication")
+            .sync_replicas = Some(2);
+        assert_eq!(
+            synchronous_standby_names(&two, &["orders-2".into()]),
+            "ANY 1 (\"orders-2\")",
+            "capped by the standbys that exist"
+        );
+        let mut asynchronous = cluster;
+        asynchronous.spec.replication = None;
+        assert_eq!(
+            synchronous_standby_names(&asynchronous, &["orders-2".into()]),
+            ""
+        );
+    }
+}
