@@ -39,6 +39,8 @@ build: deps
 up: controlplane
 	@deploy/local/cluster.sh up
 	@deploy/local/nodes.sh up
+	@cargo build --quiet -p castellan
+	@deploy/local/example.sh up
 	@echo "KUBECONFIG=$(CURDIR)/.dev/kubeconfig $(CURDIR)/.dev/bin/kubectl get castellan"
 
 down:

@@ -249,8 +249,17 @@ async fn write_status(
             .await
         {
             Ok(_) => {}
-            // Gone, or replaced by a pod with another uid (422: uid is immutable).
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 422 => return,
+            Err(kube::Error::Api(status)) if status.code == 404 => return,
+            // Replaced by a pod with another uid (uid is immutable), or a status the
+            // API server refuses: say which, since the pod's status stops here.
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                tracing::warn!(
+                    pod = format!("{namespace}/{name}"),
+                    "pod status refused; no longer writing it: {}",
+                    status.message
+                );
+                return;
+            }
             Err(error) => {
                 tracing::warn!(
                     pod = format!("{namespace}/{name}"),

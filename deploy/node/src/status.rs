@@ -232,7 +232,9 @@ pub fn pod_status(record: &PodRecord, previous: &[PodCondition], now: Timestamp)
                 .map(ContainerRecord::status)
                 .collect(),
         ),
-        qos_class: Some("BestEffort".to_string()),
+        // The API server sets the QoS class from the pod's resources when the pod is
+        // created and refuses any change to it, so the node leaves it alone.
+        qos_class: None,
         ..PodStatus::default()
     }
 }
