@@ -14,6 +14,21 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection};
 use support::{TestNamespace, client, kubeconfig_path, kubectl, kubectl_ok};
 
+/// Where the test's two operators serve /healthz, /readyz and /metrics (also their
+/// identities in the leader Lease).
+const METRICS_ADDRESSES: [&str; 2] = ["127.0.60.1:8080", "127.0.60.2:8080"];
+
+fn http_get(address: &str, path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}"])
+        .arg(format!("http://{address}{path}"))
+        .output()
+        .expect("running curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
 fn postgres_ids() -> (String, String) {
     let id = |flag: &str| {
         let out = Command::new("id")
@@ -26,14 +41,28 @@ fn postgres_ids() -> (String, String) {
 }
 
 /// The operator as a host process, stopped when dropped.
-struct Operator(Child);
+struct Operator {
+    child: Child,
+    address: &'static str,
+    log: PathBuf,
+}
 
 impl Operator {
-    fn start(log: &PathBuf) -> Self {
+    fn start(namespace: &str, address: &'static str) -> Self {
         let (uid, gid) = postgres_ids();
-        let log = std::fs::File::create(log).expect("operator log");
+        let log_path =
+            std::env::temp_dir().join(format!("operator-{}-{address}.log", std::process::id()));
+        let log = std::fs::File::create(&log_path).expect("operator log");
         let child = Command::new(env!("CARGO_BIN_EXE_castellan"))
             .args(["operator", "--postgres-uid", &uid, "--postgres-gid", &gid])
+            .args([
+                "--metrics-address",
+                address,
+                "--namespace",
+                namespace,
+                "--identity",
+                address,
+            ])
             .env("KUBECONFIG", kubeconfig_path())
             .env("RUST_LOG", "info")
             .stdout(log.try_clone().expect("log"))
@@ -41,14 +70,24 @@ impl Operator {
             .stdin(Stdio::null())
             .spawn()
             .expect("starting castellan operator");
-        Self(child)
+        Self {
+            child,
+            address,
+            log: log_path,
+        }
+    }
+
+    fn is_leader(&self) -> bool {
+        http_get(self.address, "/metrics")
+            .1
+            .contains("castellan_leader 1\n")
     }
 }
 
 impl Drop for Operator {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -157,9 +196,18 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     let namespace = TestNamespace::create(&client, "dbc").await;
     let ns = namespace.name.clone();
     let volumes = LocalVolumes::create("dbc-local");
-    let log = std::env::temp_dir().join(format!("operator-{}.log", std::process::id()));
-    let operator = Operator::start(&log);
-    let operator_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    // Two replicas of the operator: only the one holding the Lease acts.
+    let mut operators = vec![
+        Operator::start(&ns, METRICS_ADDRESSES[0]),
+        Operator::start(&ns, METRICS_ADDRESSES[1]),
+    ];
+    let logs: Vec<PathBuf> = operators.iter().map(|o| o.log.clone()).collect();
+    let operator_log = || {
+        logs.iter()
+            .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    };
 
     let manifest = std::env::temp_dir().join(format!("dbc-{}.yaml", std::process::id()));
     std::fs::write(
@@ -297,6 +345,82 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     }
     drop((primary, replica));
 
+    // The operators' own endpoints; exactly one of them leads.
+    let leaders: Vec<usize> = (0..2).filter(|i| operators[*i].is_leader()).collect();
+    assert_eq!(
+        leaders.len(),
+        1,
+        "exactly one operator leads:\n{}",
+        operator_log()
+    );
+    let leader = leaders[0];
+    for operator in &operators {
+        assert_eq!(http_get(operator.address, "/healthz").0, 200);
+        assert_eq!(
+            http_get(operator.address, "/readyz").0,
+            200,
+            "the operator reaches the API server"
+        );
+    }
+    let (code, metrics) = http_get(operators[leader].address, "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("castellan_instances_created_total 2\n"),
+        "{metrics}"
+    );
+    let (_, standby_metrics) = http_get(operators[1 - leader].address, "/metrics");
+    assert!(
+        standby_metrics.contains("castellan_reconciles_total 0\n"),
+        "the operator without the lease does nothing: {standby_metrics}"
+    );
+
+    // The leader is lost: the other takes the lease over and acts. A deleted replica
+    // pod is recreated on its volume and the cluster is Ready again.
+    let survivor = operators.remove(1 - leader);
+    drop(operators);
+    wait_for(
+        "the surviving operator takes the lease over",
+        Duration::from_secs(40),
+        || survivor.is_leader(),
+        diagnostics,
+    );
+    kubectl_ok(&[
+        "delete",
+        "pod",
+        "shop-2",
+        "-n",
+        &ns,
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+    wait_for(
+        "the replica pod is back and the cluster Ready",
+        Duration::from_secs(120),
+        || {
+            jsonpath(
+                "dbc",
+                "shop",
+                &ns,
+                "{.status.phase}/{.status.readyInstances}",
+            ) == "Ready/2"
+                && !jsonpath("pod", "shop-2", &ns, "{.metadata.uid}").is_empty()
+        },
+        diagnostics,
+    );
+    assert!(
+        http_get(survivor.address, "/metrics")
+            .1
+            .contains("castellan_instances_created_total 1\n"),
+        "the new leader recreated the pod"
+    );
+
+    // Voluntary disruptions may not take the primary, nor more than one replica.
+    assert_eq!(
+        jsonpath("pdb", "shop-primary", &ns, "{.spec.minAvailable}"),
+        "1"
+    );
+    assert_eq!(jsonpath("pdb", "shop", &ns, "{.spec.minAvailable}"), "0");
+
     // Status shows every instance with its role and position.
     wait_for(
         "status lists both instances with LSNs",
@@ -330,7 +454,7 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         || {
             let left = kubectl(&[
                 "get",
-                "pods,pvc,svc,secrets",
+                "pods,pvc,svc,secrets,pdb",
                 "-n",
                 &ns,
                 "-l",
@@ -342,6 +466,6 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         },
         diagnostics,
     );
-    drop(operator);
+    drop(survivor);
     drop(volumes);
 }

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
     SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
     VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -184,6 +185,37 @@ pub fn services(cluster: &DatabaseCluster) -> Vec<Service> {
         service("ro", Some("replica")),
         service("r", None),
     ]
+}
+
+/// Disruption budgets, as CloudNativePG keeps them: the primary may not be evicted by a
+/// voluntary disruption (a drain waits for a switchover), and at most one replica is
+/// down at a time. A single-instance cluster gets the primary's budget only.
+pub fn disruption_budgets(cluster: &DatabaseCluster) -> Vec<PodDisruptionBudget> {
+    let budget = |suffix: &str, role: &str, min_available: i32| PodDisruptionBudget {
+        metadata: metadata(
+            cluster,
+            format!("{}{suffix}", name(cluster)),
+            labels(cluster, &[]),
+        ),
+        spec: Some(PodDisruptionBudgetSpec {
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([
+                    (CLUSTER_LABEL.to_owned(), name(cluster)),
+                    (ROLE_LABEL.to_owned(), role.to_owned()),
+                ])),
+                ..LabelSelector::default()
+            }),
+            min_available: Some(IntOrString::Int(min_available)),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    };
+    let mut budgets = vec![budget("-primary", "primary", 1)];
+    let replicas = cluster.spec.replicas.max(1) - 1;
+    if replicas > 0 {
+        budgets.push(budget("", "replica", replicas - 1));
+    }
+    budgets
 }
 
 /// The volume of instance `n`.
@@ -573,6 +605,49 @@ mod tests {
             .clone()
             .expect("data volume");
         assert_eq!(claim.claim_name, "orders-2");
+    }
+
+    #[test]
+    fn disruption_budgets_keep_the_primary_and_all_but_one_replica() {
+        let budgets = disruption_budgets(&three_sync());
+        let summary: Vec<(String, String, Option<IntOrString>)> = budgets
+            .iter()
+            .map(|b| {
+                let spec = b.spec.clone().expect("spec");
+                let role = spec
+                    .selector
+                    .and_then(|s| s.match_labels)
+                    .expect("selector")[ROLE_LABEL]
+                    .clone();
+                (
+                    b.metadata.name.clone().unwrap_or_default(),
+                    role,
+                    spec.min_available,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (
+                    "orders-primary".to_owned(),
+                    "primary".to_owned(),
+                    Some(IntOrString::Int(1))
+                ),
+                (
+                    "orders".to_owned(),
+                    "replica".to_owned(),
+                    Some(IntOrString::Int(1))
+                ),
+            ]
+        );
+        let mut single = three_sync();
+        single.spec.replicas = 1;
+        assert_eq!(
+            disruption_budgets(&single).len(),
+            1,
+            "no replica budget without replicas"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::{DatabaseClusterStatus, InstanceStatus};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -16,12 +17,14 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use super::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
+use super::endpoints::Metrics;
 use super::instance_client;
 
 const MANAGER: &str = "castellan-operator";
 
 pub struct Context {
     pub client: Client,
+    pub metrics: Arc<Metrics>,
     pub settings: build::Settings,
 }
 
@@ -92,6 +95,15 @@ pub async fn reconcile(
     cluster: Arc<DatabaseCluster>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
+    Metrics::count(&context.metrics.reconciles);
+    let outcome = reconcile_cluster(&cluster, &context).await;
+    if outcome.is_err() {
+        Metrics::count(&context.metrics.reconcile_errors);
+    }
+    outcome
+}
+
+async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Result<Action, Error> {
     if cluster.metadata.deletion_timestamp.is_some() {
         // Owner references delete everything the cluster owns.
         return Ok(Action::await_change());
@@ -103,42 +115,72 @@ pub async fn reconcile(
 
     // Credentials: made once, never rewritten.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    for secret in build::secrets(&cluster, &password()?, &password()?, &password()?) {
+    for secret in build::secrets(cluster, &password()?, &password()?, &password()?) {
         let secret_name = secret.name_any();
-        let existing = secrets.get_opt(&secret_name).await.map_err(kube_error(
-            format!("reading Secret {secret_name}"),
-            &cluster,
-        ))?;
+        let existing = secrets
+            .get_opt(&secret_name)
+            .await
+            .map_err(kube_error(format!("reading Secret {secret_name}"), cluster))?;
         if existing.is_none() {
             secrets
                 .create(&PostParams::default(), &secret)
                 .await
                 .map_err(kube_error(
                     format!("creating Secret {secret_name}"),
-                    &cluster,
+                    cluster,
                 ))?;
             tracing::info!(cluster = %name, secret = %secret_name, "created credentials");
         }
     }
 
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-    for service in build::services(&cluster) {
+    for service in build::services(cluster) {
         let service_name = service.name_any();
         services
             .patch(&service_name, &apply, &Patch::Apply(&service))
             .await
             .map_err(kube_error(
                 format!("applying Service {service_name}"),
-                &cluster,
+                cluster,
             ))?;
     }
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
+    let wanted: Vec<String> = build::disruption_budgets(cluster)
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    for budget in build::disruption_budgets(cluster) {
+        let budget_name = budget.name_any();
+        budgets
+            .patch(&budget_name, &apply, &Patch::Apply(&budget))
+            .await
+            .map_err(kube_error(
+                format!("applying PodDisruptionBudget {budget_name}"),
+                cluster,
+            ))?;
+    }
+    // Scaled down to one instance: the replicas' budget goes.
+    let replica_budget = name.clone();
+    if !wanted.contains(&replica_budget)
+        && budgets
+            .get_opt(&replica_budget)
+            .await
+            .map_err(kube_error("reading the replicas' budget", cluster))?
+            .is_some()
+    {
+        budgets
+            .delete(&replica_budget, &DeleteParams::default())
+            .await
+            .map_err(kube_error("deleting the replicas' budget", cluster))?;
+    }
+
     // Replicas follow the primary through the -rw Service's address, so a failover
     // moves them without touching their configuration.
-    let rw_name = build::service_name(&cluster, "rw");
+    let rw_name = build::service_name(cluster, "rw");
     let upstream = services
         .get(&rw_name)
         .await
-        .map_err(kube_error(format!("reading Service {rw_name}"), &cluster))?
+        .map_err(kube_error(format!("reading Service {rw_name}"), cluster))?
         .spec
         .and_then(|spec| spec.cluster_ip)
         .unwrap_or_default();
@@ -146,14 +188,14 @@ pub async fn reconcile(
     let desired = u32::try_from(cluster.spec.replicas.max(1)).unwrap_or(1);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     for n in 1..=desired {
-        let claim = build::volume_claim(&cluster, n);
+        let claim = build::volume_claim(cluster, n);
         let claim_name = claim.name_any();
         claims
             .patch(&claim_name, &apply, &Patch::Apply(&claim))
             .await
             .map_err(kube_error(
                 format!("applying volume claim {claim_name}"),
-                &cluster,
+                cluster,
             ))?;
     }
 
@@ -162,10 +204,10 @@ pub async fn reconcile(
     let existing: BTreeMap<u32, Pod> = pods
         .list(&ListParams::default().labels(&selector))
         .await
-        .map_err(kube_error("listing pods", &cluster))?
+        .map_err(kube_error("listing pods", cluster))?
         .items
         .into_iter()
-        .filter_map(|pod| Some((instance_number(&cluster, &pod)?, pod)))
+        .filter_map(|pod| Some((instance_number(cluster, &pod)?, pod)))
         .collect();
 
     // The primary is the one status names; a new cluster's first instance.
@@ -194,11 +236,12 @@ pub async fn reconcile(
         // A primary starts asynchronous; synchronous standbys are named once they
         // stream (below), or its own bootstrap writes would wait for replicas that
         // cannot exist before it is ready.
-        let pod = build::pod(&cluster, n, role, &upstream, "", &context.settings);
+        let pod = build::pod(cluster, n, role, &upstream, "", &context.settings);
         let pod_name = pod.name_any();
         pods.create(&PostParams::default(), &pod)
             .await
-            .map_err(kube_error(format!("creating pod {pod_name}"), &cluster))?;
+            .map_err(kube_error(format!("creating pod {pod_name}"), cluster))?;
+        Metrics::count(&context.metrics.instances_created);
         tracing::info!(cluster = %name, pod = %pod_name, role = role.as_str(), "created instance");
     }
 
@@ -208,13 +251,13 @@ pub async fn reconcile(
             let pod_name = pod.name_any();
             pods.delete(&pod_name, &DeleteParams::default())
                 .await
-                .map_err(kube_error(format!("deleting pod {pod_name}"), &cluster))?;
+                .map_err(kube_error(format!("deleting pod {pod_name}"), cluster))?;
             claims
                 .delete(&pod_name, &DeleteParams::default())
                 .await
                 .map_err(kube_error(
                     format!("deleting volume claim {pod_name}"),
-                    &cluster,
+                    cluster,
                 ))?;
             tracing::info!(cluster = %name, pod = %pod_name, "removed instance (scale down)");
         }
@@ -271,7 +314,7 @@ pub async fn reconcile(
             }
         }
         streaming_standbys.sort();
-        let sync_names = build::synchronous_standby_names(&cluster, &streaming_standbys);
+        let sync_names = build::synchronous_standby_names(cluster, &streaming_standbys);
         let body =
             json!({ "synchronousStandbyNames": sync_names, "parameters": cluster.spec.parameters });
         if let Err(error) = instance_client::call("POST", address, "/reload", Some(&body)).await {
@@ -348,7 +391,7 @@ pub async fn reconcile(
         clusters
             .patch_status(&name, &apply, &Patch::Apply(&patch))
             .await
-            .map_err(kube_error("writing status", &cluster))?;
+            .map_err(kube_error("writing status", cluster))?;
     }
     // Status (lag, readiness) changes without any object changing: look again soon.
     Ok(Action::requeue(Duration::from_secs(if all_ready {

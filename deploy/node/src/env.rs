@@ -8,12 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
-use kube::Api;
 
 use crate::ApiServerAddress;
 use crate::images::Image;
+use crate::reference;
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -87,12 +87,12 @@ pub async fn resolve(
         let prefix = source.prefix.clone().unwrap_or_default();
         let values = if let Some(reference) = &source.config_map_ref {
             let optional = reference.optional.unwrap_or(false);
-            config_map(context.client, namespace, &reference.name, optional)
+            reference::read::<ConfigMap>(context.client, namespace, &reference.name, optional)
                 .await?
                 .map(|map| map.data.unwrap_or_default())
         } else if let Some(reference) = &source.secret_ref {
             let optional = reference.optional.unwrap_or(false);
-            secret(context.client, namespace, &reference.name, optional)
+            reference::read::<Secret>(context.client, namespace, &reference.name, optional)
                 .await?
                 .map(secret_strings)
         } else {
@@ -111,7 +111,9 @@ pub async fn resolve(
                 Some(resource_value(context, container, &resource.resource))
             } else if let Some(key) = &source.config_map_key_ref {
                 let optional = key.optional.unwrap_or(false);
-                let map = config_map(context.client, namespace, &key.name, optional).await?;
+                let map =
+                    reference::read::<ConfigMap>(context.client, namespace, &key.name, optional)
+                        .await?;
                 let value = map.and_then(|map| map.data.unwrap_or_default().remove(&key.key));
                 if value.is_none() && !optional {
                     bail!(
@@ -123,7 +125,9 @@ pub async fn resolve(
                 value
             } else if let Some(key) = &source.secret_key_ref {
                 let optional = key.optional.unwrap_or(false);
-                let found = secret(context.client, namespace, &key.name, optional).await?;
+                let found =
+                    reference::read::<Secret>(context.client, namespace, &key.name, optional)
+                        .await?;
                 let value = found.and_then(|found| secret_strings(found).remove(&key.key));
                 if value.is_none() && !optional {
                     bail!(
@@ -151,38 +155,6 @@ fn home_of(pod: &Pod, container: &Container) -> String {
         None | Some(0) => "/root".to_string(),
         Some(_) => "/".to_string(),
     }
-}
-
-async fn config_map(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    optional: bool,
-) -> anyhow::Result<Option<ConfigMap>> {
-    let found = Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading ConfigMap {namespace}/{name}"))?;
-    if found.is_none() && !optional {
-        bail!("ConfigMap {namespace}/{name} not found");
-    }
-    Ok(found)
-}
-
-async fn secret(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    optional: bool,
-) -> anyhow::Result<Option<Secret>> {
-    let found = Api::<Secret>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading Secret {namespace}/{name}"))?;
-    if found.is_none() && !optional {
-        bail!("Secret {namespace}/{name} not found");
-    }
-    Ok(found)
 }
 
 fn secret_strings(secret: Secret) -> BTreeMap<String, String> {

@@ -26,6 +26,7 @@ mod pods;
 mod probe;
 mod process_registry;
 mod proxy;
+mod reference;
 mod sandbox;
 mod server;
 mod status;

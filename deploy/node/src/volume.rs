@@ -23,6 +23,7 @@ use kube::Api;
 use kube::api::PostParams;
 
 use crate::env::{EnvContext, field_value, format_map};
+use crate::reference;
 
 /// A file to write into a volume: its path in the volume, contents and mode.
 type VolumeFile = (String, Vec<u8>, Option<i32>);
@@ -99,7 +100,7 @@ async fn prepare_one(
     let default_mode;
     if let Some(source) = &volume.config_map {
         default_mode = source.default_mode;
-        let map = get_config_map(
+        let map = reference::read::<ConfigMap>(
             client,
             namespace,
             &source.name,
@@ -114,7 +115,9 @@ async fn prepare_one(
     } else if let Some(source) = &volume.secret {
         default_mode = source.default_mode;
         let name = source.secret_name.clone().unwrap_or_default();
-        let found = get_secret(client, namespace, &name, source.optional.unwrap_or(false)).await?;
+        let found =
+            reference::read::<Secret>(client, namespace, &name, source.optional.unwrap_or(false))
+                .await?;
         files.extend(select(
             secret_entries(found),
             source.items.as_deref(),
@@ -138,9 +141,13 @@ async fn prepare_one(
                 files.push((token.path.clone(), value.into_bytes(), None));
             }
             if let Some(map) = &source.config_map {
-                let found =
-                    get_config_map(client, namespace, &map.name, map.optional.unwrap_or(false))
-                        .await?;
+                let found = reference::read::<ConfigMap>(
+                    client,
+                    namespace,
+                    &map.name,
+                    map.optional.unwrap_or(false),
+                )
+                .await?;
                 files.extend(select(
                     config_map_entries(found),
                     map.items.as_deref(),
@@ -148,7 +155,7 @@ async fn prepare_one(
                 )?);
             }
             if let Some(secret) = &source.secret {
-                let found = get_secret(
+                let found = reference::read::<Secret>(
                     client,
                     namespace,
                     &secret.name,
@@ -234,38 +241,6 @@ async fn claimed_path(
             .with_context(|| format!("PersistentVolume {volume_name}'s directory"))?;
     }
     Ok(path)
-}
-
-async fn get_config_map(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    optional: bool,
-) -> anyhow::Result<Option<ConfigMap>> {
-    let found = Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading ConfigMap {namespace}/{name}"))?;
-    if found.is_none() && !optional {
-        bail!("ConfigMap {namespace}/{name} not found");
-    }
-    Ok(found)
-}
-
-async fn get_secret(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    optional: bool,
-) -> anyhow::Result<Option<Secret>> {
-    let found = Api::<Secret>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading Secret {namespace}/{name}"))?;
-    if found.is_none() && !optional {
-        bail!("Secret {namespace}/{name} not found");
-    }
-    Ok(found)
 }
 
 fn config_map_entries(map: Option<ConfigMap>) -> BTreeMap<String, Vec<u8>> {
