@@ -71,17 +71,22 @@ pub struct ServerStatus {
     pub streaming: Option<bool>,
     pub standbys: Vec<Standby>,
     pub server_version: String,
+    /// `synchronous_standby_names` in force, so the operator changes it only when it
+    /// differs from what the topology needs.
+    pub synchronous_standby_names: String,
 }
 
 pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
     let row = sqlx::query(
-        "select pg_is_in_recovery() as in_recovery, current_setting('server_version') as version",
+        "select pg_is_in_recovery() as in_recovery, current_setting('server_version') as version,
+                current_setting('synchronous_standby_names') as sync_names",
     )
     .fetch_one(pool)
     .await
     .map_err(query("reading recovery state"))?;
     let in_recovery: bool = row.get("in_recovery");
     let server_version: String = row.get("version");
+    let synchronous_standby_names: String = row.get("sync_names");
 
     if in_recovery {
         let row = sqlx::query(
@@ -109,6 +114,7 @@ pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
             streaming: Some(row.get::<Option<bool>, _>("streaming").unwrap_or(false)),
             standbys: Vec::new(),
             server_version,
+            synchronous_standby_names: synchronous_standby_names.clone(),
         })
     } else {
         let row = sqlx::query(
@@ -146,6 +152,7 @@ pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
             streaming: None,
             standbys,
             server_version,
+            synchronous_standby_names,
         })
     }
 }

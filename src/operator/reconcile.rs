@@ -113,15 +113,26 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
     let name = cluster.name_any();
     let apply = PatchParams::apply(MANAGER).force();
 
-    // Credentials: made once, never rewritten.
+    // Credentials: made once, never rewritten. Passwords are generated only when a
+    // Secret is missing.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    for secret in build::secrets(cluster, &password()?, &password()?, &password()?) {
-        let secret_name = secret.name_any();
-        let existing = secrets
+    let mut missing = Vec::new();
+    for what in ["superuser", "replication", "app"] {
+        let secret_name = build::secret_name(cluster, what);
+        let found = secrets
             .get_opt(&secret_name)
             .await
             .map_err(kube_error(format!("reading Secret {secret_name}"), cluster))?;
-        if existing.is_none() {
+        if found.is_none() {
+            missing.push(secret_name);
+        }
+    }
+    if !missing.is_empty() {
+        for secret in build::secrets(cluster, &password()?, &password()?, &password()?) {
+            let secret_name = secret.name_any();
+            if !missing.contains(&secret_name) {
+                continue;
+            }
             secrets
                 .create(&PostParams::default(), &secret)
                 .await
@@ -133,23 +144,41 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
         }
     }
 
+    // Replicas follow the primary through the -rw Service's address, so a failover
+    // moves them without touching their configuration. The address comes back with the
+    // applied Service.
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let rw_name = build::service_name(cluster, "rw");
+    let mut upstream = String::new();
     for service in build::services(cluster) {
         let service_name = service.name_any();
-        services
+        let applied = services
             .patch(&service_name, &apply, &Patch::Apply(&service))
             .await
             .map_err(kube_error(
                 format!("applying Service {service_name}"),
                 cluster,
             ))?;
+        if service_name == rw_name {
+            upstream = applied
+                .spec
+                .and_then(|spec| spec.cluster_ip)
+                .unwrap_or_default();
+        }
     }
+
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
-    let wanted: Vec<String> = build::disruption_budgets(cluster)
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    for budget in build::disruption_budgets(cluster) {
+    let wanted = build::disruption_budgets(cluster);
+    // Scaled down to one instance: the replicas' budget (named after the cluster) goes.
+    if !wanted.iter().any(|budget| budget.name_any() == name) {
+        match budgets.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            // Already gone: the usual case.
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(kube_error("deleting the replicas' budget", cluster)(error)),
+        }
+    }
+    for budget in wanted {
         let budget_name = budget.name_any();
         budgets
             .patch(&budget_name, &apply, &Patch::Apply(&budget))
@@ -159,31 +188,6 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
                 cluster,
             ))?;
     }
-    // Scaled down to one instance: the replicas' budget goes.
-    let replica_budget = name.clone();
-    if !wanted.contains(&replica_budget)
-        && budgets
-            .get_opt(&replica_budget)
-            .await
-            .map_err(kube_error("reading the replicas' budget", cluster))?
-            .is_some()
-    {
-        budgets
-            .delete(&replica_budget, &DeleteParams::default())
-            .await
-            .map_err(kube_error("deleting the replicas' budget", cluster))?;
-    }
-
-    // Replicas follow the primary through the -rw Service's address, so a failover
-    // moves them without touching their configuration.
-    let rw_name = build::service_name(cluster, "rw");
-    let upstream = services
-        .get(&rw_name)
-        .await
-        .map_err(kube_error(format!("reading Service {rw_name}"), cluster))?
-        .spec
-        .and_then(|spec| spec.cluster_ip)
-        .unwrap_or_default();
 
     let desired = u32::try_from(cluster.spec.replicas.max(1)).unwrap_or(1);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
@@ -263,13 +267,10 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
         }
     }
 
-    // Observe each instance through its API; keep the primary's quorum on the
-    // standbys that stream.
+    // Observe each instance through its API, once per pass.
     let mut instances = Vec::new();
-    let mut streaming_standbys = Vec::new();
-    let mut primary_address = None;
+    let mut primary_view = None;
     for (n, pod) in &existing {
-        let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
         let mut instance = InstanceStatus {
             name: pod.name_any(),
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
@@ -277,21 +278,14 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
             ready: pod_ready(pod),
             ..InstanceStatus::default()
         };
-        if let Some(ip) = &pod_ip {
+        if let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.as_ref()) {
             let address = format!("{ip}:{INSTANCE_API_PORT}");
             match instance_client::call("GET", &address, "/status", None).await {
                 Ok(status) => {
                     instance.lsn = status["lsn"].as_str().map(str::to_owned);
                     instance.lag_seconds = status["lagSeconds"].as_f64();
                     if *n == primary {
-                        primary_address = Some(address);
-                        for standby in status["standbys"].as_array().into_iter().flatten() {
-                            if standby["state"] == "streaming"
-                                && let Some(standby_name) = standby["name"].as_str()
-                            {
-                                streaming_standbys.push(standby_name.to_owned());
-                            }
-                        }
+                        primary_view = Some((address, status));
                     }
                 }
                 Err(error) => {
@@ -301,24 +295,34 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
         }
         instances.push(instance);
     }
-    // Lag in bytes comes from the primary's view of each standby.
-    if let Some(address) = &primary_address {
-        if let Ok(status) = instance_client::call("GET", address, "/status", None).await {
-            for standby in status["standbys"].as_array().into_iter().flatten() {
-                if let Some(instance) = instances
-                    .iter_mut()
-                    .find(|i| standby["name"] == i.name.as_str())
-                {
-                    instance.lag_bytes = standby["lagBytes"].as_i64();
-                }
+    // The primary's view of its standbys gives their lag in bytes and which stream; the
+    // sync quorum is kept on those, and the primary is reconfigured only when it differs
+    // or the spec changed since status last said it was applied.
+    if let Some((address, status)) = &primary_view {
+        let mut streaming_standbys = Vec::new();
+        for standby in status["standbys"].as_array().into_iter().flatten() {
+            if let Some(instance) = instances
+                .iter_mut()
+                .find(|i| standby["name"] == i.name.as_str())
+            {
+                instance.lag_bytes = standby["lagBytes"].as_i64();
+            }
+            if standby["state"] == "streaming"
+                && let Some(standby_name) = standby["name"].as_str()
+            {
+                streaming_standbys.push(standby_name.to_owned());
             }
         }
         streaming_standbys.sort();
         let sync_names = build::synchronous_standby_names(cluster, &streaming_standbys);
-        let body =
-            json!({ "synchronousStandbyNames": sync_names, "parameters": cluster.spec.parameters });
-        if let Err(error) = instance_client::call("POST", address, "/reload", Some(&body)).await {
-            tracing::warn!(cluster = %name, %error, "could not update the primary's configuration");
+        let spec_changed = cluster.status.as_ref().and_then(|s| s.observed_generation)
+            != cluster.metadata.generation;
+        if spec_changed || status["synchronousStandbyNames"] != sync_names.as_str() {
+            let body = json!({ "synchronousStandbyNames": sync_names, "parameters": cluster.spec.parameters });
+            if let Err(error) = instance_client::call("POST", address, "/reload", Some(&body)).await
+            {
+                tracing::warn!(cluster = %name, %error, "could not update the primary's configuration");
+            }
         }
     }
 
