@@ -225,18 +225,48 @@ impl Instance {
         }
     }
 
+    /// Writes the files Castellan owns in the data directory for `role`.
+    async fn write_config(
+        &self,
+        role: &Role,
+        parameters: &BTreeMap<String, String>,
+        sync_names: &str,
+    ) -> Result<(), bootstrap::BootstrapError> {
+        bootstrap::write_role_files(
+            &self.args.data_dir,
+            &self.conf(role, parameters, sync_names),
+            role,
+        )
+        .await
+    }
+
+    /// Promotes the running replica and rewrites the configuration without its
+    /// upstream (the running server no longer reads it, but a restart would).
+    async fn promote(
+        &self,
+        pool: &PgPool,
+        parameters: &BTreeMap<String, String>,
+        sync_names: &str,
+    ) -> anyhow::Result<()> {
+        tracing::info!("promoting to primary");
+        if !database::promote(pool).await? {
+            anyhow::bail!(
+                "promoting {} did not finish within 60s",
+                self.args.instance_name
+            );
+        }
+        self.write_config(&Role::Primary, parameters, sync_names)
+            .await
+            .context("promoted, but rewriting the configuration failed")
+    }
+
     async fn start(
         &self,
         role: &Role,
         parameters: &BTreeMap<String, String>,
         sync_names: &str,
     ) -> anyhow::Result<Postmaster> {
-        bootstrap::write_role_files(
-            &self.args.data_dir,
-            &self.conf(role, parameters, sync_names),
-            role,
-        )
-        .await?;
+        self.write_config(role, parameters, sync_names).await?;
         if let Role::Replica(upstream) = role {
             bootstrap::ensure_slot(&self.binaries, upstream, &self.passfile)
                 .await
@@ -330,20 +360,9 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     let pool = database::connect(&socket_dir, instance.args.port, "postgres");
     let mut postmaster = instance.start(&role, &parameters, &sync_names).await?;
     if promote_once_started {
-        tracing::info!("asked to start as primary on replica data: promoting");
-        if !database::promote(&pool).await? {
-            anyhow::bail!(
-                "promoting {} did not finish within 60s",
-                instance.args.instance_name
-            );
-        }
+        tracing::info!("asked to start as primary on replica data");
+        instance.promote(&pool, &parameters, &sync_names).await?;
         role = Role::Primary;
-        bootstrap::write_role_files(
-            &instance.args.data_dir,
-            &instance.conf(&role, &parameters, &sync_names),
-            &role,
-        )
-        .await?;
     }
     if role == Role::Primary {
         instance.prepare_primary(&pool).await?;
@@ -397,24 +416,14 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
                 let outcome = match request {
                     Request::Promote => match &role {
                         Role::Primary => Ok(serde_json::json!({"role": "primary", "changed": false})),
-                        Role::Replica(_) => {
-                            tracing::info!("promoting to primary");
-                            match database::promote(&pool).await {
-                                Ok(true) => {
-                                    role = Role::Primary;
-                                    let _ = role_tx.send(role.clone());
-                                    // Drop primary_conninfo from the files; the running server no longer reads it.
-                                    let written = bootstrap::write_role_files(
-                                        &instance.args.data_dir, &instance.conf(&role, &parameters, &sync_names), &role).await;
-                                    match written {
-                                        Ok(()) => Ok(serde_json::json!({"role": "primary", "changed": true})),
-                                        Err(e) => Err(format!("promoted, but rewriting the configuration failed: {e}")),
-                                    }
-                                }
-                                Ok(false) => Err("pg_promote did not finish within 60s".to_owned()),
-                                Err(e) => Err(e.to_string()),
+                        Role::Replica(_) => match instance.promote(&pool, &parameters, &sync_names).await {
+                            Ok(()) => {
+                                role = Role::Primary;
+                                let _ = role_tx.send(role.clone());
+                                Ok(serde_json::json!({"role": "primary", "changed": true}))
                             }
-                        }
+                            Err(e) => Err(format!("{e:#}")),
+                        },
                     },
                     Request::Restart => {
                         tracing::info!("restarting postgres");
@@ -433,8 +442,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
                     Request::Reload { parameters: new_parameters, synchronous_standby_names } => {
                         if let Some(p) = new_parameters { parameters = p; }
                         if let Some(s) = synchronous_standby_names { sync_names = s; }
-                        let written = bootstrap::write_role_files(
-                            &instance.args.data_dir, &instance.conf(&role, &parameters, &sync_names), &role).await;
+                        let written = instance.write_config(&role, &parameters, &sync_names).await;
                         match written {
                             Err(e) => Err(e.to_string()),
                             Ok(()) => match database::reload(&pool).await {
