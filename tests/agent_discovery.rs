@@ -9,8 +9,9 @@
 
 mod support;
 
+use support::disks::{MIB, run, sparse_file, write_ext4, write_gpt};
+
 use std::fs::{self, File};
-use std::io::Write as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,8 +21,6 @@ use castellan_crds::block_device::{BlockDevice, BlockDeviceState};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-
-const MIB: u64 = 1024 * 1024;
 
 /// A scratch directory, removed on drop (declare it before the loop devices over its
 /// files, so they are detached first: locals drop in reverse order).
@@ -39,11 +38,7 @@ impl Scratch {
 
     /// A sparse file of `size` bytes.
     fn disk_file(&self, name: &str, size: u64) -> PathBuf {
-        let path = self.dir.join(name);
-        File::create(&path)
-            .and_then(|file| file.set_len(size))
-            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-        path
+        sparse_file(&self.dir, name, size)
     }
 
     /// The allow-list pattern matching exactly this directory's files.
@@ -151,20 +146,6 @@ impl Drop for NodeObjects {
     }
 }
 
-fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// The identity the agent must give a loop device over `file`.
 fn loop_identity(file: &Path) -> String {
     let inode = fs::metadata(file).expect("stat of a disk file").ino();
@@ -226,23 +207,9 @@ async fn clean_ext4_gpt_and_btrfs_disks_are_reported_with_size_and_signatures() 
 
     let clean = scratch.disk_file("clean.img", 64 * MIB);
     let ext4 = scratch.disk_file("ext4.img", 48 * MIB);
-    run("mkfs.ext4", &["-q", "-F", &ext4.to_string_lossy()]);
+    write_ext4(&ext4);
     let gpt = scratch.disk_file("gpt.img", 32 * MIB);
-    let mut sfdisk = Command::new("sfdisk")
-        .args(["--quiet", &gpt.to_string_lossy()])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("running sfdisk");
-    sfdisk
-        .stdin
-        .take()
-        .expect("sfdisk stdin")
-        .write_all(b"label: gpt\n")
-        .expect("writing to sfdisk");
-    assert!(
-        sfdisk.wait().expect("waiting for sfdisk").success(),
-        "sfdisk failed"
-    );
+    write_gpt(&gpt);
 
     let clean_loop = LoopDevice::attach(&clean);
     let _ext4_loop = LoopDevice::attach(&ext4);

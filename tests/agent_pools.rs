@@ -10,8 +10,9 @@
 
 mod support;
 
+use support::disks::{MIB, run, sparse_file, write_ext4, write_gpt};
+
 use std::fs::{self, File};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,23 +23,8 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
-const MIB: u64 = 1024 * 1024;
 /// btrfs raid1 wants a little over 100 MiB per device; 256 MiB leaves room.
 const DISK: u64 = 256 * MIB;
-
-fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
 
 /// The test's scratch directory, removed on drop (declared first, dropped last).
 struct Scratch {
@@ -75,36 +61,18 @@ impl Drop for Scratch {
 }
 
 fn disk_file(dir: &Path, name: &str) -> PathBuf {
-    let path = dir.join(name);
-    File::create(&path)
-        .and_then(|file| file.set_len(DISK))
-        .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-    path
+    sparse_file(dir, name, DISK)
 }
 
 fn ext4_file(dir: &Path, name: &str) -> PathBuf {
     let path = disk_file(dir, name);
-    run("mkfs.ext4", &["-q", "-F", &path.to_string_lossy()]);
+    write_ext4(&path);
     path
 }
 
 fn gpt_file(dir: &Path, name: &str) -> PathBuf {
     let path = disk_file(dir, name);
-    let mut sfdisk = Command::new("sfdisk")
-        .args(["--quiet", &path.to_string_lossy()])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("running sfdisk");
-    sfdisk
-        .stdin
-        .take()
-        .expect("sfdisk stdin")
-        .write_all(b"label: gpt\n")
-        .expect("writing to sfdisk");
-    assert!(
-        sfdisk.wait().expect("waiting for sfdisk").success(),
-        "sfdisk failed"
-    );
+    write_gpt(&path);
     path
 }
 

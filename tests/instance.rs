@@ -3,6 +3,10 @@
 //! and restarts, heartbeat lag, promotion. Runs `castellan instance` as the `postgres`
 //! user (PostgreSQL refuses root) on loopback addresses of its own.
 
+mod support;
+
+use support::postgres::{connect, postgres_ids};
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -10,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, PgConnection};
 
 const SUPERUSER_PASSWORD: &str = "super-secret-1";
 const REPLICATION_PASSWORD: &str = "repl-secret-2";
@@ -28,26 +32,6 @@ fn pg_bin_dir() -> PathBuf {
         dir.display()
     );
     dir
-}
-
-fn postgres_ids() -> (u32, u32) {
-    let out = Command::new("id")
-        .args(["-u", "postgres"])
-        .output()
-        .expect("running id");
-    let uid = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("the postgres user exists");
-    let out = Command::new("id")
-        .args(["-g", "postgres"])
-        .output()
-        .expect("running id");
-    let gid = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("the postgres group exists");
-    (uid, gid)
 }
 
 /// A scratch directory owned by `postgres`, removed at the end.
@@ -272,20 +256,6 @@ fn curl(args: &[&str]) -> (u16, Value) {
         code.trim().parse().unwrap_or(0),
         serde_json::from_str(body).unwrap_or(Value::Null),
     )
-}
-
-async fn connect(address: &str, user: &str, password: &str, database: &str) -> PgConnection {
-    let options = PgConnectOptions::new()
-        .host(address)
-        .port(5432)
-        .username(user)
-        .password(password)
-        .database(database);
-    let connecting = options.connect();
-    tokio::time::timeout(Duration::from_secs(10), connecting)
-        .await
-        .unwrap_or_else(|_| panic!("connecting to {database} on {address} as {user}: timed out"))
-        .unwrap_or_else(|e| panic!("connecting to {database} on {address} as {user}: {e}"))
 }
 
 async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)

@@ -5,13 +5,13 @@
 
 mod support;
 
+use support::postgres::{connect, postgres_ids};
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, PgConnection};
 use support::{TestNamespace, client, kubeconfig_path, kubectl, kubectl_ok};
 
 /// Where the test's two operators serve /healthz, /readyz and /metrics (also their
@@ -29,17 +29,6 @@ fn http_get(address: &str, path: &str) -> (u16, String) {
     (code.trim().parse().unwrap_or(0), body.to_owned())
 }
 
-fn postgres_ids() -> (String, String) {
-    let id = |flag: &str| {
-        let out = Command::new("id")
-            .args([flag, "postgres"])
-            .output()
-            .expect("running id");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
-    (id("-u"), id("-g"))
-}
-
 /// The operator as a host process, stopped when dropped.
 struct Operator {
     child: Child,
@@ -50,6 +39,7 @@ struct Operator {
 impl Operator {
     fn start(namespace: &str, address: &'static str) -> Self {
         let (uid, gid) = postgres_ids();
+        let (uid, gid) = (uid.to_string(), gid.to_string());
         let log_path =
             std::env::temp_dir().join(format!("operator-{}-{address}.log", std::process::id()));
         let log = std::fs::File::create(&log_path).expect("operator log");
@@ -175,19 +165,6 @@ fn wait_for(
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-}
-
-async fn connect(host: &str, user: &str, password: &str, database: &str) -> PgConnection {
-    let options = PgConnectOptions::new()
-        .host(host)
-        .port(5432)
-        .username(user)
-        .password(password)
-        .database(database);
-    tokio::time::timeout(Duration::from_secs(10), options.connect())
-        .await
-        .unwrap_or_else(|_| panic!("connecting to {host}: timed out"))
-        .unwrap_or_else(|e| panic!("connecting to {host} as {user}: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -2,6 +2,9 @@
 //! started, kubectl, and throwaway namespaces.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod disks;
+pub mod postgres;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 

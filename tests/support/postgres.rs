@@ -1,0 +1,37 @@
+//! PostgreSQL for the end-to-end tests: the `postgres` user the servers run as, and
+//! connections with a deadline.
+
+use std::process::Command;
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgConnection};
+
+/// uid and gid of the `postgres` user (PostgreSQL refuses to run as root).
+pub fn postgres_ids() -> (u32, u32) {
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .output()
+            .expect("running id");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("the postgres user exists")
+    };
+    (id("-u"), id("-g"))
+}
+
+/// Connects over TCP on port 5432, failing the test after 10 s.
+pub async fn connect(host: &str, user: &str, password: &str, database: &str) -> PgConnection {
+    let options = PgConnectOptions::new()
+        .host(host)
+        .port(5432)
+        .username(user)
+        .password(password)
+        .database(database);
+    tokio::time::timeout(Duration::from_secs(10), options.connect())
+        .await
+        .unwrap_or_else(|_| panic!("connecting to {database} on {host} as {user}: timed out"))
+        .unwrap_or_else(|e| panic!("connecting to {database} on {host} as {user}: {e}"))
+}
