@@ -9,7 +9,8 @@
 # Environment:
 #   CASTELLAN_DEV_DIR  state directory (default: <repo>/.dev); a second directory with
 #                      another CASTELLAN_PORT_BASE runs a second, independent cluster
-#   CASTELLAN_PORT_BASE  ports are derived from it (default 16000: API server on 16443)
+#   CASTELLAN_PORT_BASE  ports are derived from it (default 16000: API server on 16443),
+#                      and so is the cluster's network slot (see network.sh)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,9 +22,13 @@ etcd_peer_port=$((base + 380))
 cm_port=$((base + 257))
 scheduler_port=$((base + 259))
 # Loopback ranges: Service ClusterIPs here, pod addresses elsewhere in 127.0.0.0/8 (the
-# process-backed nodes hand out 127.<node>.x.y), so the two never overlap.
-service_cidr="${CASTELLAN_SERVICE_CIDR:-127.96.0.0/16}"
-first_service_ip="127.96.0.1"
+# process-backed nodes hand out 127.<node>.x.y), so the two never overlap; both follow
+# the port base, so clusters with different port bases can run side by side.
+# shellcheck source=deploy/local/network.sh
+source "$repo/deploy/local/network.sh"
+service_octet="$(castellan_service_octet "$base")" || exit 1
+service_cidr="127.$service_octet.0.0/16"
+first_service_ip="127.$service_octet.0.1"
 
 pki="$dev/pki"
 logs="$dev/logs"

@@ -13,18 +13,24 @@
 #   CASTELLAN_NODES      how many nodes (default 3: node-1 … node-3)
 #   CASTELLAN_IMAGES     image map for the nodes (default: deploy/node/images.yaml if present)
 #   CARGO_TARGET_DIR     where cargo builds (default: /var/cache/castellan/target)
-# Kubelet ports follow the API server's port: its port base + 100 + the node's index.
+# Kubelet ports follow the API server's port: its port base + 100 + the node's index;
+# pod addresses follow it too (network.sh).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 dev="${CASTELLAN_DEV_DIR:-$repo/.dev}"
 count="${CASTELLAN_NODES:-3}"
 target="${CARGO_TARGET_DIR:-/var/cache/castellan/target}"
+# The image map names the castellan binary by ${CARGO_TARGET_DIR}.
+export CARGO_TARGET_DIR="$target"
 bin="$target/debug/castellan-devnode"
 pki="$dev/pki"
 logs="$dev/logs"
 pids="$dev/pids"
 kubeconfig="$dev/kubeconfig"
+
+# shellcheck source=deploy/local/network.sh
+source "$repo/deploy/local/network.sh"
 
 log() { echo "nodes: $*" >&2; }
 die() { echo "nodes: error: $*" >&2; exit 1; }
@@ -93,12 +99,14 @@ images_args() {
 }
 
 start_node() { # name
-  local name="$1" index base
+  local name="$1" index base octet
   index="$(index_of "$name")"
   base="$(port_base)"
+  octet="$(castellan_pod_octet "$base" "$index")" || die "no pod addresses for $name"
   node_cert "$name"
   # shellcheck disable=SC2046 # images_args is empty or two words
   start_process "$name" "$bin" node --kubeconfig "$kubeconfig" --name "$name" --index "$index" \
+    --pod-octet "$octet" \
     --state-dir "$dev/nodes/$name" --kubelet-port $((base + 100 + index)) \
     --tls-cert "$pki/$name.crt" --tls-key "$pki/$name.key" --client-ca "$pki/ca.crt" \
     $(images_args)

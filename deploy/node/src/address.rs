@@ -1,5 +1,6 @@
-//! Pod addresses: every pod on node N gets its own loopback address in
-//! 127.<100+N>.0.0/16, so pods on all nodes can listen on the same ports.
+//! Pod addresses: every pod on a node gets its own loopback address in the node's
+//! 127.<octet>.0.0/16 (by default octet = 100 + the node's index), so pods on all nodes
+//! can listen on the same ports.
 //!
 //! Linux routes all of 127.0.0.0/8 to `lo`, so binding such an address needs no setup.
 //! Addresses stay with a pod for its whole life and are recorded in the pod's state
@@ -17,9 +18,9 @@ pub struct AddressPool {
 }
 
 impl AddressPool {
-    pub fn new(node_index: u8) -> Self {
+    pub fn new(second_octet: u8) -> Self {
         Self {
-            second_octet: 100 + node_index,
+            second_octet,
             in_use: Mutex::new(BTreeSet::new()),
         }
     }
@@ -79,7 +80,7 @@ mod tests {
 
     #[test]
     fn allocates_lowest_free_and_reuses_released() -> anyhow::Result<()> {
-        let pool = AddressPool::new(2);
+        let pool = AddressPool::new(102);
         assert_eq!(pool.allocate()?, Ipv4Addr::new(127, 102, 0, 2));
         assert_eq!(pool.allocate()?, Ipv4Addr::new(127, 102, 0, 3));
         pool.release(Ipv4Addr::new(127, 102, 0, 2));

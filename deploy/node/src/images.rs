@@ -9,6 +9,10 @@
 //!     env: {PGDATA: /var/lib/postgresql/data}
 //! ```
 //!
+//! `${NAME}` in an entrypoint, cmd, path or env value is replaced by the node's
+//! environment variable NAME (an unset one is an error), so the map can follow
+//! `CARGO_TARGET_DIR`.
+//!
 //! An image without an entry runs the container's `command`/`args` from the host as
 //! given, so `command: [sh, -c, "…"]` works with any image name.
 
@@ -46,8 +50,18 @@ impl Images {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading image map {}", path.display()))?;
-        serde_yaml_ng::from_str(&text)
-            .with_context(|| format!("parsing image map {}", path.display()))
+        let mut images: Self = serde_yaml_ng::from_str(&text)
+            .with_context(|| format!("parsing image map {}", path.display()))?;
+        for image in &mut images.images {
+            let lookup = |name: &str| std::env::var(name).ok();
+            let fields = image.entrypoint.iter_mut().chain(&mut image.cmd);
+            for value in fields.chain(&mut image.path).chain(image.env.values_mut()) {
+                *value = expand(value, lookup).with_context(|| {
+                    format!("image {} in image map {}", image.image, path.display())
+                })?;
+            }
+        }
+        Ok(images)
     }
 
     /// The entry for `reference`: an exact match first, then a match of its name
@@ -59,6 +73,25 @@ impl Images {
             .find(|image| image.image == reference)
             .or_else(|| self.images.iter().find(|image| image.image == name))
     }
+}
+
+/// `text` with every `${NAME}` replaced by `lookup(NAME)`.
+fn expand(text: &str, lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let Some(end) = rest[start..].find('}') else {
+            anyhow::bail!("unterminated ${{ in {:?}", &rest[start..]);
+        };
+        let name = &rest[start + 2..start + end];
+        let value =
+            lookup(name).with_context(|| format!("environment variable {name} is not set"))?;
+        out.push_str(&value);
+        rest = &rest[start + end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// `registry:5000/repo:tag@sha256:…` → `registry:5000/repo`.
@@ -93,6 +126,22 @@ pub fn argv(image: Option<&Image>, command: &[String], args: &[String]) -> Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn variables_are_expanded_and_unset_ones_refused() {
+        let lookup = |name: &str| (name == "T").then(|| "/cache/target".to_string());
+        assert_eq!(
+            expand("entrypoint: [${T}/debug/castellan]", lookup).expect("T is set"),
+            "entrypoint: [/cache/target/debug/castellan]"
+        );
+        assert_eq!(
+            expand("no variables", lookup).expect("nothing to expand"),
+            "no variables"
+        );
+        let unset = expand("${MISSING}/x", lookup).expect_err("MISSING is unset");
+        assert!(unset.to_string().contains("MISSING"), "{unset:#}");
+        assert!(expand("${T", lookup).is_err());
+    }
 
     #[test]
     fn names_drop_tags_and_digests_but_not_ports() {

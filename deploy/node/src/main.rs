@@ -68,9 +68,13 @@ pub struct NodeArgs {
     /// Node name.
     #[arg(long)]
     name: String,
-    /// Node index (1..=150): pods get addresses in 127.<100+index>.0.0/16.
+    /// Node index (1..=150), for the default zone and pod addresses.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=150))]
     index: u8,
+    /// Second octet of this node's pod addresses, 127.<octet>.0.0/16 (default: 100 +
+    /// index). Each local cluster on a machine uses its own octets (deploy/local/nodes.sh).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(101..=255))]
+    pod_octet: Option<u8>,
     /// Value of the `topology.kubernetes.io/zone` label (default: zone-<index>).
     #[arg(long)]
     zone: Option<String>,

@@ -155,7 +155,7 @@ pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         state_dir: args.state_dir.clone(),
         images,
         registry,
-        addresses: AddressPool::new(args.index),
+        addresses: AddressPool::new(args.pod_octet.unwrap_or(100 + args.index)),
         api_server,
         restart_backoff: args.restart_backoff,
         events: PodEvents::new(client.clone(), &args.name),
