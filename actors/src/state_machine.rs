@@ -11,7 +11,7 @@
 use std::fmt::Debug;
 
 use actix::prelude::*;
-use tracing::{debug_span, error};
+use tracing::{error, info_span};
 
 use crate::supervisor::{Child, ChildKey, ChildLink, Shutdown, catch_panic};
 
@@ -22,6 +22,12 @@ pub trait StateMachine: 'static {
     type Effect: Debug + 'static;
 
     fn transition(state: Self::State, event: Self::Event) -> (Self::State, Vec<Self::Effect>);
+
+    /// A short name of the event for its span (by default its `Debug` text; override
+    /// it when events carry large values).
+    fn label(event: &Self::Event) -> String {
+        format!("{event:?}")
+    }
 }
 
 /// Performs effects: the only place a machine's actor touches the outside world.
@@ -33,7 +39,32 @@ pub trait Effects<M: StateMachine>: Unpin + 'static {
 
 /// An event for a [`MachineActor`]; the reply is the state after the transition, or
 /// `None` if the transition or an effect panicked (the actor is then stopping).
-pub struct Event<M: StateMachine>(pub M::Event);
+///
+/// It carries the span it was sent from: the actor handles it in a child span, so one
+/// operation is one trace through the tree (and, through the instance API's trace
+/// context, across processes).
+pub struct Event<M: StateMachine> {
+    pub event: M::Event,
+    pub cause: tracing::Span,
+}
+
+impl<M: StateMachine> Event<M> {
+    /// An event caused by whatever the current span describes.
+    pub fn new(event: M::Event) -> Self {
+        Self {
+            event,
+            cause: tracing::Span::current(),
+        }
+    }
+
+    /// An event that starts a trace of its own (a timer firing, say).
+    pub fn root(event: M::Event) -> Self {
+        Self {
+            event,
+            cause: tracing::Span::none(),
+        }
+    }
+}
 
 impl<M: StateMachine> Message for Event<M> {
     type Result = Option<M::State>;
@@ -87,13 +118,13 @@ impl<M: StateMachine, X: Effects<M>> Handler<Event<M>> for MachineActor<M, X> {
     type Result = Option<M::State>;
 
     fn handle(&mut self, event: Event<M>, ctx: &mut Self::Context) -> Self::Result {
-        let span = debug_span!("event", actor = %self.key, event = ?event.0);
+        let span = info_span!(parent: &event.cause, "actor event", actor = %self.key, event = %M::label(&event.event));
         let _entered = span.enter();
         let state = self.state.take()?;
         let events = ctx.address().recipient();
         let effects = &mut self.effects;
         let outcome = catch_panic(move || {
-            let (next, to_perform) = M::transition(state, event.0);
+            let (next, to_perform) = M::transition(state, event.event);
             for effect in to_perform {
                 effects.execute(effect, &events);
             }
@@ -320,7 +351,7 @@ mod tests {
                 } else {
                     RunEvent::Finished
                 };
-                events.do_send(Event(outcome));
+                events.do_send(Event::new(outcome));
             }
             self.performed.lock().unwrap().push(effect);
         }
@@ -366,7 +397,7 @@ mod tests {
             .unwrap()
             .expect("child started");
 
-        let after_start = run.send(Event(RunEvent::Start)).await.unwrap();
+        let after_start = run.send(Event::new(RunEvent::Start)).await.unwrap();
         assert_eq!(after_start, Some(RunState::Running { attempt: 1 }));
         wait_for_state(&run, &RunState::Succeeded).await;
         assert_eq!(
@@ -394,7 +425,7 @@ mod tests {
             .expect("child started");
 
         // The handler returns (no state) instead of unwinding through actix.
-        assert_eq!(run.send(Event(RunEvent::Bug)).await.unwrap(), None);
+        assert_eq!(run.send(Event::new(RunEvent::Bug)).await.unwrap(), None);
 
         let mut restarted = None;
         for _ in 0..2000 {
