@@ -19,19 +19,24 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane build up down crds check test
+.PHONY: help deps controlplane otel build up down crds check test bench
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy) with Castellan's CRDs"
 	@echo "make down   stop it and remove its state"
 	@echo "make test   formatting, lints, unit and end-to-end tests"
 	@echo "make crds   regenerate crds/ from the Rust types"
+	@echo "make bench  run the benchmarks under bench/ and print their figures"
 
 deps:
 	@deploy/local/deps.sh
 
 controlplane: deps
 	@deploy/controlplane/build.sh >/dev/null
+
+# The OTLP receiver the tracing test exports to (a pinned OpenTelemetry Collector).
+otel: deps
+	@deploy/otel/build.sh >/dev/null
 
 build: deps
 	cargo build --workspace --all-targets
@@ -56,7 +61,7 @@ check: deps
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
 # this target starts and always stops, whatever the outcome.
-test: check controlplane
+test: check controlplane otel
 	cargo test $(PACKAGES) --lib --bins
 	@$(TEST_ENV) deploy/local/nodes.sh down >/dev/null 2>&1 || true
 	@$(TEST_ENV) deploy/local/cluster.sh down >/dev/null 2>&1 || true
@@ -64,3 +69,8 @@ test: check controlplane
 	  $(TEST_ENV) deploy/local/cluster.sh up; \
 	  $(TEST_ENV) deploy/local/nodes.sh up; \
 	  CASTELLAN_KUBECONFIG=$(TEST_DEV_DIR)/kubeconfig cargo test $(PACKAGES) --test '*'
+
+# Benchmarks print figures (docs/benchmarks.md records them); each brings up and tears
+# down its own local cluster, beside `make up` and `make test`.
+bench: controlplane
+	bench/clusters.sh

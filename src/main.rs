@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod agent;
 mod instance;
 mod operator;
+mod telemetry;
 
 /// Castellan runs stateful data services on Kubernetes by itself.
 #[derive(Parser)]
@@ -43,14 +44,14 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Instance(args) => {
-            init_logging();
+            let _telemetry = telemetry::init("castellan-instance");
             tokio::runtime::Runtime::new()
                 .context("starting the async runtime")?
                 .block_on(instance::run(*args))
         }
         Command::Agent(args) => agent::run(args),
         Command::Operator(args) => {
-            init_logging();
+            let _telemetry = telemetry::init("castellan-operator");
             tokio::runtime::Runtime::new()
                 .context("starting the async runtime")?
                 .block_on(operator::run(args))
@@ -86,15 +87,4 @@ fn write_crds(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
         print!("{}", documents.join("---\n"));
     }
     Ok(())
-}
-
-/// Structured (JSON) logs on stderr; `RUST_LOG` filters them (default `info`).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
 }

@@ -5,174 +5,25 @@
 
 mod support;
 
-use support::postgres::{connect, postgres_ids};
+use support::postgres::connect;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{TestNamespace, client, kubeconfig_path, kubectl, kubectl_ok};
+use support::cluster::{LocalVolumes, Operator, http_get, jsonpath, wait_for};
+use support::{TestNamespace, client, kubectl, kubectl_ok};
 
 /// Where the test's two operators serve /healthz, /readyz and /metrics (also their
 /// identities in the leader Lease).
 const METRICS_ADDRESSES: [&str; 2] = ["127.0.60.1:8080", "127.0.60.2:8080"];
-
-fn http_get(address: &str, path: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}"])
-        .arg(format!("http://{address}{path}"))
-        .output()
-        .expect("running curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
-}
-
-/// The operator as a host process, stopped when dropped.
-struct Operator {
-    child: Child,
-    address: &'static str,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn start(namespace: &str, address: &'static str) -> Self {
-        let (uid, gid) = postgres_ids();
-        let (uid, gid) = (uid.to_string(), gid.to_string());
-        let log_path =
-            std::env::temp_dir().join(format!("operator-{}-{address}.log", std::process::id()));
-        let log = std::fs::File::create(&log_path).expect("operator log");
-        let child = Command::new(env!("CARGO_BIN_EXE_castellan"))
-            .args(["operator", "--postgres-uid", &uid, "--postgres-gid", &gid])
-            .args([
-                "--metrics-address",
-                address,
-                "--namespace",
-                namespace,
-                "--identity",
-                address,
-            ])
-            .env("KUBECONFIG", kubeconfig_path())
-            .env("RUST_LOG", "info")
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("starting castellan operator");
-        Self {
-            child,
-            address,
-            log: log_path,
-        }
-    }
-
-    fn is_leader(&self) -> bool {
-        http_get(self.address, "/metrics")
-            .1
-            .contains("castellan_leader 1\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Local PersistentVolumes, one per node, in directories owned by postgres, and the
-/// `WaitForFirstConsumer` class they belong to; removed when dropped.
-struct LocalVolumes {
-    class: String,
-    names: Vec<String>,
-    root: PathBuf,
-}
-
-impl LocalVolumes {
-    fn create(prefix: &str) -> Self {
-        let class = format!("{prefix}-{}", std::process::id());
-        let root = PathBuf::from(format!("/tmp/{class}"));
-        let (uid, gid) = postgres_ids();
-        let mut manifests = format!(
-            "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: {class}}}\n\
-             provisioner: kubernetes.io/no-provisioner\nvolumeBindingMode: WaitForFirstConsumer\n"
-        );
-        let mut names = Vec::new();
-        for node in 1..=3 {
-            let dir = root.join(format!("node-{node}"));
-            std::fs::create_dir_all(&dir).expect("volume directory");
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-            let status = Command::new("chown")
-                .arg(format!("{uid}:{gid}"))
-                .arg(&dir)
-                .status()
-                .expect("chown");
-            assert!(status.success());
-            let name = format!("{class}-node-{node}");
-            manifests.push_str(&format!(
-                "---\napiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  \
-                 capacity: {{storage: 2Gi}}\n  accessModes: [ReadWriteOnce]\n  \
-                 persistentVolumeReclaimPolicy: Retain\n  storageClassName: {class}\n  \
-                 local: {{path: {}}}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      \
-                 - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [node-{node}]}}]\n",
-                dir.display()
-            ));
-            names.push(name);
-        }
-        let file = std::env::temp_dir().join(format!("{class}.yaml"));
-        std::fs::write(&file, manifests).expect("writing manifests");
-        kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
-        Self { class, names, root }
-    }
-}
-
-impl Drop for LocalVolumes {
-    fn drop(&mut self) {
-        for name in &self.names {
-            let _ = kubectl(&["delete", "pv", name, "--wait=false"]);
-        }
-        let _ = kubectl(&["delete", "storageclass", &self.class, "--wait=false"]);
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn jsonpath(kind: &str, name: &str, namespace: &str, path: &str) -> String {
-    let output = kubectl(&[
-        "get",
-        kind,
-        name,
-        "-n",
-        namespace,
-        "-o",
-        &format!("jsonpath={path}"),
-    ]);
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn wait_for(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> bool,
-    diagnostics: impl Fn() -> String,
-) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} within {timeout:?}\n{}",
-            diagnostics()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     let client = client().await;
     let namespace = TestNamespace::create(&client, "dbc").await;
     let ns = namespace.name.clone();
-    let volumes = LocalVolumes::create("dbc-local");
+    let volumes = LocalVolumes::create("dbc-local", 1);
     // Two replicas of the operator: only the one holding the Lease acts.
     let mut operators = vec![
         Operator::start(&ns, METRICS_ADDRESSES[0]),

@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::config::Role;
 use super::{Request, Shared, database, role_name};
@@ -39,10 +40,26 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         .route("/promote", post(promote))
         .route("/restart", post(restart))
         .route("/reload", post(reload))
+        .layer(axum::middleware::from_fn(traced))
         .with_state(shared);
     if let Err(error) = axum::serve(listener, app).await {
         tracing::error!(%error, "the instance API stopped serving");
     }
+}
+
+/// Every request runs in a span that continues the caller's trace (the operator sends
+/// `traceparent`), so one operation is one trace across the two processes.
+async fn traced(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let span = tracing::info_span!(
+        "instance api request",
+        method = %request.method(),
+        path = %request.uri().path(),
+    );
+    crate::telemetry::extract(&span, request.headers());
+    next.run(request).instrument(span).await
 }
 
 /// The server's status, and whether it is ready in the role it should have.
@@ -57,6 +74,7 @@ async fn observe(shared: &Shared) -> (bool, Value) {
                 Role::Replica(_) => status.in_recovery,
             };
             let mut body = serde_json::to_value(&status).unwrap_or_default();
+            body["parameters"] = json!(*shared.parameters.borrow());
             body["instance"] = json!(shared.instance_name);
             body["role"] = json!(role_name(&role));
             body["ready"] = json!(ready);

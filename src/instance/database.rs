@@ -74,6 +74,8 @@ pub struct ServerStatus {
     /// `synchronous_standby_names` in force, so the operator changes it only when it
     /// differs from what the topology needs.
     pub synchronous_standby_names: String,
+    /// Parameters whose new value waits for a restart (`pg_settings.pending_restart`).
+    pub pending_restart: Vec<String>,
 }
 
 pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
@@ -87,6 +89,7 @@ pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
     let in_recovery: bool = row.get("in_recovery");
     let server_version: String = row.get("version");
     let synchronous_standby_names: String = row.get("sync_names");
+    let pending_restart = pending_restart(pool).await?;
 
     if in_recovery {
         let row = sqlx::query(
@@ -115,6 +118,7 @@ pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
             standbys: Vec::new(),
             server_version,
             synchronous_standby_names: synchronous_standby_names.clone(),
+            pending_restart,
         })
     } else {
         let row = sqlx::query(
@@ -153,6 +157,7 @@ pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
             standbys,
             server_version,
             synchronous_standby_names,
+            pending_restart,
         })
     }
 }

@@ -116,6 +116,9 @@ pub struct Shared {
     pub instance_name: String,
     pub pool: PgPool,
     pub role: watch::Receiver<Role>,
+    /// The server parameters the configuration was last written with, reported in
+    /// status so the operator knows which instances a spec change has not reached.
+    pub parameters: watch::Receiver<BTreeMap<String, String>>,
     pub requests: mpsc::Sender<(Request, Reply)>,
 }
 
@@ -369,11 +372,13 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     }
 
     let (role_tx, role_rx) = watch::channel(role.clone());
+    let (parameters_tx, parameters_rx) = watch::channel(parameters.clone());
     let (requests_tx, mut requests) = mpsc::channel::<(Request, Reply)>(8);
     let shared = Arc::new(Shared {
         instance_name: instance.args.instance_name.clone(),
         pool: pool.clone(),
         role: role_rx,
+        parameters: parameters_rx,
         requests: requests_tx,
     });
     let http_address: SocketAddr = format!(
@@ -443,6 +448,9 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
                         if let Some(p) = new_parameters { parameters = p; }
                         if let Some(s) = synchronous_standby_names { sync_names = s; }
                         let written = instance.write_config(&role, &parameters, &sync_names).await;
+                        if written.is_ok() {
+                            parameters_tx.send_replace(parameters.clone());
+                        }
                         match written {
                             Err(e) => Err(e.to_string()),
                             Ok(()) => match database::reload(&pool).await {

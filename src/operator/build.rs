@@ -42,6 +42,26 @@ pub struct Settings {
     pub postgres_gid: i64,
     /// Tag of the instance image.
     pub image_tag: String,
+    /// `OTEL_*` variables passed on to the instance managers, so that their spans
+    /// reach the same collector as the operator's.
+    pub telemetry_env: Vec<(String, String)>,
+}
+
+/// The `OTEL_*` variables of this process that say where traces go and how they are
+/// batched; the instance managers get the same (but their own service name).
+pub fn telemetry_env_from(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+    const PASSED: [&str; 5] = [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_BSP_SCHEDULE_DELAY",
+    ];
+    let mut passed: Vec<(String, String)> = vars
+        .filter(|(name, _)| PASSED.contains(&name.as_str()))
+        .collect();
+    passed.sort();
+    passed
 }
 
 fn name(cluster: &DatabaseCluster) -> String {
@@ -332,30 +352,40 @@ pub fn pod(
         name: "postgres".to_owned(),
         image: Some(format!("{IMAGE}:{}", settings.image_tag)),
         args: Some(vec!["instance".to_owned()]),
-        env: Some(vec![
-            env("CASTELLAN_CLUSTER", name(cluster)),
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_IP", "status.podIP"),
-            env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
-            env("CASTELLAN_ROLE", role.as_str()),
-            env("CASTELLAN_UPSTREAM_HOST", upstream_host),
-            env("CASTELLAN_PARAMETERS", parameters),
-            env("CASTELLAN_SYNCHRONOUS_STANDBY_NAMES", sync_names),
-            env("CASTELLAN_APP_DATABASE", database),
-            env("CASTELLAN_APP_OWNER", owner),
-            env(
-                "CASTELLAN_SUPERUSER_PASSWORD_FILE",
-                format!("{SECRETS_MOUNT}/superuser/password"),
-            ),
-            env(
-                "CASTELLAN_REPLICATION_PASSWORD_FILE",
-                format!("{SECRETS_MOUNT}/replication/password"),
-            ),
-            env(
-                "CASTELLAN_APP_PASSWORD_FILE",
-                format!("{SECRETS_MOUNT}/app/password"),
-            ),
-        ]),
+        env: Some(
+            vec![
+                env("CASTELLAN_CLUSTER", name(cluster)),
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_IP", "status.podIP"),
+                env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
+                env("CASTELLAN_ROLE", role.as_str()),
+                env("CASTELLAN_UPSTREAM_HOST", upstream_host),
+                env("CASTELLAN_PARAMETERS", parameters),
+                env("CASTELLAN_SYNCHRONOUS_STANDBY_NAMES", sync_names),
+                env("CASTELLAN_APP_DATABASE", database),
+                env("CASTELLAN_APP_OWNER", owner),
+                env(
+                    "CASTELLAN_SUPERUSER_PASSWORD_FILE",
+                    format!("{SECRETS_MOUNT}/superuser/password"),
+                ),
+                env(
+                    "CASTELLAN_REPLICATION_PASSWORD_FILE",
+                    format!("{SECRETS_MOUNT}/replication/password"),
+                ),
+                env(
+                    "CASTELLAN_APP_PASSWORD_FILE",
+                    format!("{SECRETS_MOUNT}/app/password"),
+                ),
+            ]
+            .into_iter()
+            .chain(
+                settings
+                    .telemetry_env
+                    .iter()
+                    .map(|(n, v)| env(n, v.as_str())),
+            )
+            .collect(),
+        ),
         ports: Some(vec![
             ContainerPort {
                 name: Some("postgres".to_owned()),
@@ -478,7 +508,46 @@ mod tests {
             postgres_uid: 101,
             postgres_gid: 104,
             image_tag: "0.1.0".to_owned(),
+            telemetry_env: vec![(
+                "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+                "http://collector:4318".to_owned(),
+            )],
         }
+    }
+
+    #[test]
+    fn only_the_exporter_settings_are_passed_on() {
+        let vars = [
+            ("OTEL_SERVICE_NAME", "castellan-operator"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("HOME", "/root"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "500"),
+        ]
+        .map(|(n, v)| (n.to_owned(), v.to_owned()));
+        assert_eq!(
+            telemetry_env_from(vars.into_iter()),
+            vec![
+                ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "500".to_owned()),
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+                    "http://c:4318".to_owned()
+                ),
+            ]
+        );
+        let pod = pod(
+            &three_sync(),
+            1,
+            StartRole::Primary,
+            "10.0.0.1",
+            "",
+            &settings(),
+        );
+        let env = pod.spec.expect("spec").containers[0]
+            .env
+            .clone()
+            .expect("env");
+        assert!(env.iter().any(|e| e.name == "OTEL_EXPORTER_OTLP_ENDPOINT"
+            && e.value.as_deref() == Some("http://collector:4318")));
     }
 
     #[test]

@@ -1,10 +1,9 @@
-//! One pass of the `DatabaseCluster` controller: make the owned objects match the
-//! spec, then write what was observed to status. Idempotent: a second pass with
-//! nothing changed creates nothing and writes the same status.
+//! One pass over a `DatabaseCluster`, run by its `ClusterActor` (the `Converge` effect):
+//! make the owned objects match the spec, remove the surplus instances the machine
+//! cleared, then write status from the instances' latest views. Idempotent: a second
+//! pass with nothing changed creates nothing and writes the same status.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 
 use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::{DatabaseClusterStatus, InstanceStatus};
@@ -12,21 +11,15 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::Action;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use super::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
+use super::cluster::{ConvergeOrder, Converged, Member, Note};
 use super::endpoints::Metrics;
-use super::instance_client;
+use super::shell::Shared;
 
-const MANAGER: &str = "castellan-operator";
-
-pub struct Context {
-    pub client: Client,
-    pub metrics: Arc<Metrics>,
-    pub settings: build::Settings,
-}
+pub const MANAGER: &str = "castellan-operator";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -91,23 +84,8 @@ fn pod_ready(pod: &Pod) -> bool {
         })
 }
 
-pub async fn reconcile(
-    cluster: Arc<DatabaseCluster>,
-    context: Arc<Context>,
-) -> Result<Action, Error> {
-    Metrics::count(&context.metrics.reconciles);
-    let outcome = reconcile_cluster(&cluster, &context).await;
-    if outcome.is_err() {
-        Metrics::count(&context.metrics.reconcile_errors);
-    }
-    outcome
-}
-
-async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Result<Action, Error> {
-    if cluster.metadata.deletion_timestamp.is_some() {
-        // Owner references delete everything the cluster owns.
-        return Ok(Action::await_change());
-    }
+pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, Error> {
+    let cluster = order.cluster.as_ref();
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
     let client = &context.client;
     let name = cluster.name_any();
@@ -141,6 +119,15 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
                     cluster,
                 ))?;
             tracing::info!(cluster = %name, secret = %secret_name, "created credentials");
+            context
+                .record(
+                    cluster,
+                    Note::normal(
+                        "CreatedCredentials",
+                        format!("created Secret {secret_name}"),
+                    ),
+                )
+                .await;
         }
     }
 
@@ -224,6 +211,7 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
         .unwrap_or(1);
     let primary_ready = existing.get(&primary).is_some_and(pod_ready);
 
+    let mut created = BTreeMap::new();
     for n in 1..=desired {
         if existing.contains_key(&n) {
             continue;
@@ -247,12 +235,25 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
             .map_err(kube_error(format!("creating pod {pod_name}"), cluster))?;
         Metrics::count(&context.metrics.instances_created);
         tracing::info!(cluster = %name, pod = %pod_name, role = role.as_str(), "created instance");
+        context
+            .record(
+                cluster,
+                Note::normal(
+                    "CreatedInstance",
+                    format!("created {pod_name} as {}", role.as_str()),
+                )
+                .about(&pod_name),
+            )
+            .await;
+        created.insert(n, pod_name);
     }
 
-    // Scale down: the highest-numbered replicas go first, never the primary.
+    // Scale down: the surplus instances the machine cleared (never the primary; a sync
+    // standby only once the primary no longer waits for it).
+    let mut removed = Vec::new();
     for (n, pod) in existing.iter().rev() {
-        if *n > desired && *n != primary {
-            let pod_name = pod.name_any();
+        let pod_name = pod.name_any();
+        if *n > desired && *n != primary && order.remove.contains(&pod_name) {
             pods.delete(&pod_name, &DeleteParams::default())
                 .await
                 .map_err(kube_error(format!("deleting pod {pod_name}"), cluster))?;
@@ -264,100 +265,69 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
                     cluster,
                 ))?;
             tracing::info!(cluster = %name, pod = %pod_name, "removed instance (scale down)");
+            context
+                .record(
+                    cluster,
+                    Note::normal(
+                        "RemovedInstance",
+                        format!("removed {pod_name} (scale down)"),
+                    )
+                    .about(&pod_name),
+                )
+                .await;
+            removed.push(*n);
         }
     }
 
-    // Observe each instance through its API, once per pass.
-    let mut instances = Vec::new();
-    let mut primary_view = None;
-    for (n, pod) in &existing {
-        let mut instance = InstanceStatus {
-            name: pod.name_any(),
-            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-            role: pod.labels().get(ROLE_LABEL).cloned(),
-            ready: pod_ready(pod),
-            ..InstanceStatus::default()
-        };
-        if let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.as_ref()) {
-            let address = format!("{ip}:{INSTANCE_API_PORT}");
-            match instance_client::call("GET", &address, "/status", None).await {
-                Ok(status) => {
-                    instance.lsn = status["lsn"].as_str().map(str::to_owned);
-                    instance.lag_seconds = status["lagSeconds"].as_f64();
-                    if *n == primary {
-                        primary_view = Some((address, status));
-                    }
-                }
-                Err(error) => {
-                    tracing::debug!(cluster = %name, %error, "instance status unavailable")
-                }
+    // Status from the instances' latest views (their actors read them).
+    let instances: Vec<InstanceStatus> = existing
+        .values()
+        .map(|pod| {
+            let pod_name = pod.name_any();
+            let view = order.views.iter().find(|v| v.name == pod_name);
+            let primary_view = order
+                .views
+                .iter()
+                .find(|v| v.role.as_deref() == Some("primary") && v.reachable);
+            InstanceStatus {
+                node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                role: pod.labels().get(ROLE_LABEL).cloned(),
+                ready: pod_ready(pod),
+                lsn: view.and_then(|v| v.lsn.clone()),
+                lag_seconds: view.and_then(|v| v.lag_seconds),
+                lag_bytes: primary_view.and_then(|p| {
+                    p.standbys
+                        .iter()
+                        .find(|s| s.name == pod_name)
+                        .and_then(|s| s.lag_bytes)
+                }),
+                name: pod_name,
             }
-        }
-        instances.push(instance);
-    }
-    // The primary's view of its standbys gives their lag in bytes and which stream; the
-    // sync quorum is kept on those, and the primary is reconfigured only when it differs
-    // or the spec changed since status last said it was applied.
-    if let Some((address, status)) = &primary_view {
-        let mut streaming_standbys = Vec::new();
-        for standby in status["standbys"].as_array().into_iter().flatten() {
-            if let Some(instance) = instances
-                .iter_mut()
-                .find(|i| standby["name"] == i.name.as_str())
-            {
-                instance.lag_bytes = standby["lagBytes"].as_i64();
-            }
-            if standby["state"] == "streaming"
-                && let Some(standby_name) = standby["name"].as_str()
-            {
-                streaming_standbys.push(standby_name.to_owned());
-            }
-        }
-        streaming_standbys.sort();
-        let sync_names = build::synchronous_standby_names(cluster, &streaming_standbys);
-        let spec_changed = cluster.status.as_ref().and_then(|s| s.observed_generation)
-            != cluster.metadata.generation;
-        if spec_changed || status["synchronousStandbyNames"] != sync_names.as_str() {
-            let body = json!({ "synchronousStandbyNames": sync_names, "parameters": cluster.spec.parameters });
-            if let Err(error) = instance_client::call("POST", address, "/reload", Some(&body)).await
-            {
-                tracing::warn!(cluster = %name, %error, "could not update the primary's configuration");
-            }
-        }
-    }
+        })
+        .collect();
 
     let ready = i32::try_from(instances.iter().filter(|i| i.ready).count()).unwrap_or(i32::MAX);
-    let all_ready = ready == cluster.spec.replicas && existing.len() == desired as usize;
-    let phase = if all_ready {
+    let remaining = existing.len() - removed.len();
+    let all_ready = ready == cluster.spec.replicas
+        && remaining == desired as usize
+        && existing.len() == desired as usize;
+    let phase = if order.degraded.is_some() {
+        "Degraded"
+    } else if all_ready {
         "Ready"
     } else if existing.is_empty() {
         "Creating"
+    } else if existing.len() != desired as usize {
+        "Scaling"
     } else {
         "Progressing"
     };
     let previous = cluster.status.clone().unwrap_or_default();
-    let condition = |type_: &str, status: bool, reason: &str, message: String| {
-        let status = if status { "True" } else { "False" }.to_owned();
-        let unchanged = previous
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_)
-            .filter(|c| c.status == status);
-        Condition {
-            type_: type_.to_owned(),
-            status,
-            reason: reason.to_owned(),
-            message,
-            observed_generation: cluster.metadata.generation,
-            last_transition_time: unchanged
-                .map(|c| c.last_transition_time.clone())
-                .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now())),
-        }
-    };
     let status = DatabaseClusterStatus {
         observed_generation: cluster.metadata.generation,
         conditions: vec![
             condition(
+                cluster,
                 "Ready",
                 all_ready,
                 if all_ready {
@@ -368,15 +338,17 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
                 format!("{ready} of {} instances ready", cluster.spec.replicas),
             ),
             condition(
+                cluster,
                 "Progressing",
                 !all_ready,
                 if all_ready { "Settled" } else { "Reconciling" },
                 if all_ready {
                     "nothing to do".to_owned()
                 } else {
-                    "creating or starting instances".to_owned()
+                    "creating, removing or starting instances".to_owned()
                 },
             ),
+            degraded_condition(cluster, order.degraded.as_deref()),
         ],
         phase: Some(phase.to_owned()),
         current_primary: existing.get(&primary).map(|pod| pod.name_any()),
@@ -386,21 +358,115 @@ async fn reconcile_cluster(cluster: &DatabaseCluster, context: &Context) -> Resu
         ..previous.clone()
     };
     if cluster.status.as_ref() != Some(&status) {
-        let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
-        let patch = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "DatabaseCluster",
-            "status": status,
-        });
-        clusters
-            .patch_status(&name, &apply, &Patch::Apply(&patch))
-            .await
-            .map_err(kube_error("writing status", cluster))?;
+        write_status(client, cluster, &json!({ "status": status })).await?;
     }
-    // Status (lag, readiness) changes without any object changing: look again soon.
-    Ok(Action::requeue(Duration::from_secs(if all_ready {
-        10
-    } else {
-        2
-    })))
+
+    let mut members: BTreeMap<String, Member> = existing
+        .iter()
+        .filter(|(n, _)| !removed.contains(n))
+        .map(|(n, pod)| {
+            let address = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.as_ref())
+                .map(|ip| format!("{ip}:{INSTANCE_API_PORT}"));
+            let member = Member {
+                number: *n,
+                address,
+                primary: *n == primary,
+            };
+            (pod.name_any(), member)
+        })
+        .collect();
+    for (n, pod_name) in created {
+        members.insert(
+            pod_name,
+            Member {
+                number: n,
+                address: None,
+                primary: n == primary,
+            },
+        );
+    }
+    Ok(Converged {
+        members,
+        ready: all_ready,
+    })
+}
+
+/// A condition, keeping its transition time when its status did not change.
+fn condition(
+    cluster: &DatabaseCluster,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let unchanged = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status);
+    Condition {
+        type_: type_.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message,
+        observed_generation: cluster.metadata.generation,
+        last_transition_time: unchanged
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now())),
+    }
+}
+
+/// `Degraded`: true with the reason while the cluster's actors keep failing.
+pub fn degraded_condition(cluster: &DatabaseCluster, reason: Option<&str>) -> Condition {
+    match reason {
+        Some(reason) => condition(
+            cluster,
+            "Degraded",
+            true,
+            "ReconcileFailing",
+            reason.to_owned(),
+        ),
+        None => condition(
+            cluster,
+            "Degraded",
+            false,
+            "Healthy",
+            "reconciling works".to_owned(),
+        ),
+    }
+}
+
+/// Server-side apply of a status patch (`{"status": …}`) by `manager`.
+pub async fn write_status(
+    client: &Client,
+    cluster: &DatabaseCluster,
+    patch: &serde_json::Value,
+) -> Result<(), Error> {
+    write_status_as(client, cluster, patch, MANAGER).await
+}
+
+pub async fn write_status_as(
+    client: &Client,
+    cluster: &DatabaseCluster,
+    patch: &serde_json::Value,
+    manager: &str,
+) -> Result<(), Error> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let mut patch = patch.clone();
+    patch["apiVersion"] = json!("castellan.io/v1alpha1");
+    patch["kind"] = json!("DatabaseCluster");
+    clusters
+        .patch_status(
+            &cluster.name_any(),
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(kube_error("writing status", cluster))?;
+    Ok(())
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tracing::Instrument;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceApiError {
@@ -58,12 +59,31 @@ pub async fn call(
     path: &str,
     body: Option<&Value>,
 ) -> Result<Value, InstanceApiError> {
+    call_within(method, address, path, body, TIMEOUT).await
+}
+
+/// [`call`] with another deadline, for slow operations such as a restart.
+pub async fn call_within(
+    method: &'static str,
+    address: &str,
+    path: &str,
+    body: Option<&Value>,
+    timeout: Duration,
+) -> Result<Value, InstanceApiError> {
+    let span = tracing::info_span!("instance api call", %method, %path, %address);
     let payload = body.map(Value::to_string).unwrap_or_default();
+    // The trace context goes along, so the instance manager's span joins this trace.
+    let trace_headers: String = span
+        .in_scope(crate::telemetry::inject)
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Type: application/json\r\n{trace_headers}Content-Length: {}\r\n\r\n{payload}",
         payload.len()
     );
-    let response = match tokio::time::timeout(TIMEOUT, exchange(address, request)).await {
+    let exchanged = tokio::time::timeout(timeout, exchange(address, request)).instrument(span);
+    let response = match exchanged.await {
         Ok(Ok(response)) => response,
         Ok(Err(source)) => {
             return Err(InstanceApiError::Io {
@@ -78,7 +98,7 @@ pub async fn call(
                 method,
                 path: path.to_owned(),
                 address: address.to_owned(),
-                timeout: TIMEOUT,
+                timeout,
             });
         }
     };

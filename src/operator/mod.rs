@@ -1,19 +1,25 @@
-//! `castellan operator`: the controllers.
+//! `castellan operator`: the `DatabaseCluster` controller and its actor tree.
 //!
-//! This first slice runs the `DatabaseCluster` controller directly: `reconcile`
-//! creates what a cluster owns (Secrets, Services, volumes, pods) from pure builders
-//! (`build`), keeps the primary's synchronous standbys in line through the instance
-//! API, and writes status. The actor tree (`castellan-actors`), leader election,
-//! metrics and tracing are the next steps of the DatabaseCluster issue; until then
-//! reconcile does the (short) work itself.
+//! kube-rs' controller watches the clusters and what they own; `reconcile` only hands
+//! each cluster's desired state to its `ClusterActor` (one per cluster, under the root
+//! supervisor, each with one `ReplicaActor` per instance). The actors run the work as
+//! pure state machines (`cluster.rs`, `replica.rs`) with a thin shell (`shell.rs`)
+//! that performs their effects: a pass over the owned objects (`converge.rs`, built
+//! from `build.rs`), the instance API (`instance_client.rs`), Events. One replica acts
+//! at a time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
 
 pub mod build;
+mod cluster;
+mod converge;
 mod endpoints;
 mod instance_client;
 mod leader;
 mod reconcile;
+mod replica;
+mod shell;
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -24,6 +30,9 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client};
+
+/// Name of the leader Lease.
+const LEASE: &str = "castellan-operator";
 
 /// Settings of `castellan operator`.
 #[derive(Clone, Debug, clap::Args)]
@@ -50,6 +59,13 @@ pub struct OperatorArgs {
         default_value = "127.0.0.1:8080"
     )]
     pub metrics_address: std::net::SocketAddr,
+    /// Manage only the clusters of this namespace (default: every namespace).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Honour the `castellan.io/inject-fault` annotation (tests of the supervision
+    /// tree). Off in production.
+    #[arg(long, env = "CASTELLAN_FAULT_INJECTION", default_value_t = false)]
+    pub fault_injection: bool,
 }
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
@@ -68,66 +84,125 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .identity
         .clone()
         .unwrap_or_else(|| format!("castellan-operator-{}", std::process::id()));
-    let lost = leader::acquire(
-        client.clone(),
-        &args.namespace,
-        "castellan-operator",
-        &identity,
-    )
-    .await;
+    let mut lost = leader::acquire(client.clone(), &args.namespace, LEASE, &identity).await;
     metrics
         .leader
         .store(1, std::sync::atomic::Ordering::Relaxed);
-    let context = Arc::new(reconcile::Context {
+    let shared = Arc::new(shell::Shared::new(
+        client.clone(),
         metrics,
-        client: client.clone(),
-        settings: build::Settings {
+        build::Settings {
             postgres_uid: args.postgres_uid,
             postgres_gid: args.postgres_gid,
-            image_tag: args.image_tag,
+            image_tag: args.image_tag.clone(),
+            telemetry_env: build::telemetry_env_from(std::env::vars()),
         },
+        &identity,
+    ));
+    let system = castellan_actors::ActorSystem::start("castellan-actors")
+        .context("starting the actor system")?;
+    let (failing_tx, failing_rx) = tokio::sync::mpsc::unbounded_channel();
+    let root = system
+        .run(move || shell::start_root(failing_tx))
+        .await
+        .context("starting the root actor")?;
+    let failing = Arc::new(Mutex::new(BTreeMap::new()));
+    tokio::spawn(shell::report_failing_clusters(
+        shared.clone(),
+        failing_rx,
+        failing.clone(),
+    ));
+    let context = Arc::new(reconcile::Context {
+        shared,
+        root,
+        fault_injection: args.fault_injection,
+        failing,
+        started: Mutex::new(BTreeSet::new()),
     });
     tracing::info!("DatabaseCluster controller starting");
+    let controller = Controller::new(watched(&client, &args), watcher::Config::default());
+    // Deleted clusters (no finalizer: owner references clean up) never reach
+    // reconcile; their actors are stopped when they leave the controller's cache.
+    tokio::spawn(stop_deleted(controller.store(), context.clone()));
     let controller = async {
-        Controller::new(
-            Api::<DatabaseCluster>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .owns(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(
-            Api::<PersistentVolumeClaim>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(
-            Api::<PodDisruptionBudget>::all(client),
-            watcher::Config::default(),
-        )
-        .shutdown_on_signal()
-        .run(reconcile::reconcile, error_policy, context)
-        .for_each(|outcome| async move {
-            if let Err(error) = outcome {
-                tracing::warn!(error = %error, "reconcile failed");
-            }
-        })
-        .await
+        controller
+            .owns(watched::<Pod>(&client, &args), watcher::Config::default())
+            .owns(
+                watched::<Service>(&client, &args),
+                watcher::Config::default(),
+            )
+            .owns(
+                watched::<Secret>(&client, &args),
+                watcher::Config::default(),
+            )
+            .owns(
+                watched::<PersistentVolumeClaim>(&client, &args),
+                watcher::Config::default(),
+            )
+            .owns(
+                watched::<PodDisruptionBudget>(&client, &args),
+                watcher::Config::default(),
+            )
+            .shutdown_on_signal()
+            .run(reconcile::reconcile, error_policy, context)
+            .for_each(|outcome| async move {
+                if let Err(error) = outcome {
+                    tracing::warn!(error = %error, "reconcile failed");
+                }
+            })
+            .await
     };
     tokio::select! {
         () = controller => {}
-        reason = lost => {
+        reason = &mut lost => {
             let reason = reason.unwrap_or_else(|e| format!("the lease keeper stopped: {e}"));
             anyhow::bail!("lost leadership ({reason}); exiting so that only one operator acts");
         }
     }
     tracing::info!("DatabaseCluster controller stopped");
+    // Stop renewing before giving the lease up, or the renewal would take it back.
+    lost.abort();
+    tokio::task::spawn_blocking(move || system.shutdown())
+        .await
+        .context("stopping the actor system")?
+        .context("stopping the actor system")?;
+    leader::release(client, &args.namespace, LEASE, &identity).await;
     Ok(())
+}
+
+/// The API of `K` in the watched namespace, or in all of them.
+fn watched<K>(client: &Client, args: &OperatorArgs) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match &args.watch_namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Every few seconds, stops the actors of clusters that are no longer in the cache.
+async fn stop_deleted(
+    store: kube::runtime::reflector::Store<DatabaseCluster>,
+    context: Arc<reconcile::Context>,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        if store.wait_until_ready().await.is_err() {
+            return;
+        }
+        let present: BTreeSet<String> = store.state().iter().map(|c| reconcile::key(c)).collect();
+        let gone: Vec<String> = context
+            .started
+            .lock()
+            .map(|started| started.difference(&present).cloned().collect())
+            .unwrap_or_default();
+        for key in gone {
+            tracing::info!(cluster = %key, "cluster deleted; stopping its actor");
+            reconcile::stop(&context, &key).await;
+        }
+    }
 }
 
 fn error_policy(

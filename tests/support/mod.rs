@@ -2,6 +2,7 @@
 //! started, kubectl, and throwaway namespaces.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod cluster;
 pub mod disks;
 pub mod postgres;
 

@@ -1,0 +1,409 @@
+//! Day two of a DatabaseCluster, end to end on the dev nodes through kubectl-level
+//! actions: a 3-instance synchronous cluster scaled to 5 while the leading operator is
+//! killed, then to 2; a reloadable and a restart-only parameter changed; a replica's
+//! volume lost and rebuilt from the primary; and an actor panic survived and reported.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use support::cluster::{
+    LocalVolumes, Operator, apply_cluster, connect_app, describe, instance_addresses, jsonpath,
+    phase_and_ready, wait_for, wait_orders,
+};
+use support::{TestNamespace, client, kubectl, kubectl_ok};
+
+const SCALE_OPERATORS: [&str; 2] = ["127.0.61.1:8080", "127.0.61.2:8080"];
+const FAULT_OPERATOR: &str = "127.0.62.1:8080";
+
+fn roles(namespace: &str, name: &str) -> Vec<String> {
+    kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        &format!("castellan.io/cluster={name}"),
+        "-o",
+        "jsonpath={.items[*].metadata.labels.castellan\\.io/role}",
+    ])
+    .split_whitespace()
+    .map(str::to_owned)
+    .collect()
+}
+
+fn pods(namespace: &str, name: &str) -> Vec<String> {
+    instance_addresses(namespace, name)
+        .into_iter()
+        .map(|(pod, _)| pod)
+        .collect()
+}
+
+fn events(namespace: &str, reason: &str) -> String {
+    kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        &format!("reason={reason}"),
+        "-o",
+        "jsonpath={range .items[*]}{.note}{.message}{\"\\n\"}{end}",
+    ])
+}
+
+async fn setting(connection: &mut sqlx::PgConnection, name: &str) -> String {
+    sqlx::query_scalar::<_, String>("select current_setting($1)")
+        .bind(name)
+        .fetch_one(connection)
+        .await
+        .unwrap_or_else(|e| panic!("show {name}: {e}"))
+}
+
+/// Every instance has every row of `orders`.
+async fn every_instance_has(namespace: &str, name: &str, rows: i64) {
+    for (pod, ip) in instance_addresses(namespace, name) {
+        let mut connection = connect_app(namespace, name, &ip).await;
+        wait_orders(&mut connection, rows, &format!("rows on {pod}")).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_rebuild() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "life").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create("life-local", 2);
+    let mut operators = vec![
+        Operator::start(&ns, SCALE_OPERATORS[0]),
+        Operator::start(&ns, SCALE_OPERATORS[1]),
+    ];
+    let logs: Vec<PathBuf> = operators.iter().map(|o| o.log.clone()).collect();
+    let diagnostics = || describe(&ns, &logs);
+
+    let sync = "  replication: {mode: sync, syncReplicas: 1}\n";
+    apply_cluster(&ns, "shop", 3, &volumes.class, sync);
+    wait_for(
+        "3 instances Ready",
+        Duration::from_secs(240),
+        || phase_and_ready(&ns, "shop") == "Ready/3",
+        diagnostics,
+    );
+    let rw = jsonpath("svc", "shop-rw", &ns, "{.spec.clusterIP}");
+    let mut primary = connect_app(&ns, "shop", &rw).await;
+    sqlx::query("create table orders (id int primary key)")
+        .execute(&mut primary)
+        .await
+        .expect("create");
+    sqlx::query("insert into orders values (1)")
+        .execute(&mut primary)
+        .await
+        .expect("insert");
+    drop(primary);
+    every_instance_has(&ns, "shop", 1).await;
+
+    // Scale to 5, and kill the leading operator as soon as the first new instance
+    // exists: the other takes over and finishes, with one primary and no lost instance.
+    kubectl_ok(&[
+        "patch",
+        "dbc",
+        "shop",
+        "-n",
+        &ns,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"replicas":5}}"#,
+    ]);
+    wait_for(
+        "scale-up started",
+        Duration::from_secs(60),
+        || pods(&ns, "shop").len() > 3,
+        diagnostics,
+    );
+    let leader = operators
+        .iter()
+        .position(Operator::is_leader)
+        .expect("one operator leads");
+    drop(operators.remove(leader));
+    let survivor = operators.pop().expect("the other operator");
+    let resumed = Instant::now();
+    wait_for(
+        "5 instances Ready after the operator failover",
+        Duration::from_secs(300),
+        || phase_and_ready(&ns, "shop") == "Ready/5",
+        diagnostics,
+    );
+    println!(
+        "scale-up finished {:.1} s after the leader was killed",
+        resumed.elapsed().as_secs_f64()
+    );
+    assert!(survivor.is_leader());
+    let mut found = roles(&ns, "shop");
+    found.sort();
+    assert_eq!(
+        found,
+        vec!["primary", "replica", "replica", "replica", "replica"],
+        "one primary, no duplicates:\n{}",
+        diagnostics()
+    );
+    every_instance_has(&ns, "shop", 1).await;
+
+    // Scale to 2: the surplus standbys leave the quorum first, then go with their volumes.
+    kubectl_ok(&[
+        "patch",
+        "dbc",
+        "shop",
+        "-n",
+        &ns,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"replicas":2}}"#,
+    ]);
+    wait_for(
+        "2 instances Ready, the others and their volumes gone",
+        Duration::from_secs(180),
+        || {
+            phase_and_ready(&ns, "shop") == "Ready/2"
+                && pods(&ns, "shop") == vec!["shop-1", "shop-2"]
+                && kubectl_ok(&[
+                    "get",
+                    "pvc",
+                    "-n",
+                    &ns,
+                    "-o",
+                    "jsonpath={.items[*].metadata.name}",
+                ]) == "shop-1 shop-2"
+        },
+        diagnostics,
+    );
+    let mut primary = connect_app(&ns, "shop", &rw).await;
+    wait_for_setting(&mut primary, "synchronous_standby_names", "ANY 1 (shop-2)").await;
+    sqlx::query("insert into orders values (2)")
+        .execute(&mut primary)
+        .await
+        .expect("a commit with the quorum on the remaining standby");
+    drop(primary);
+    every_instance_has(&ns, "shop", 2).await;
+    assert!(
+        events(&ns, "RemovedInstance").lines().count() >= 3,
+        "{}",
+        diagnostics()
+    );
+
+    // A reloadable and a restart-only parameter: the first by reload everywhere, the
+    // second by a rolling restart, replicas first and the primary last.
+    kubectl_ok(&[
+        "patch",
+        "dbc",
+        "shop",
+        "-n",
+        &ns,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"parameters":{"work_mem":"8MB","max_connections":"150"}}}"#,
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut started = Vec::new();
+    'settled: loop {
+        started.clear();
+        let mut all = true;
+        for (pod, ip) in instance_addresses(&ns, "shop") {
+            let Ok(Ok(mut connection)) = tokio::time::timeout(Duration::from_secs(5), async {
+                use sqlx::ConnectOptions;
+                sqlx::postgres::PgConnectOptions::new()
+                    .host(&ip)
+                    .username("clerk")
+                    .password(&support::cluster::secret_value(&ns, "shop-app", "password"))
+                    .database("shop")
+                    .connect()
+                    .await
+            })
+            .await
+            else {
+                all = false;
+                continue;
+            };
+            let work_mem = setting(&mut connection, "work_mem").await;
+            let max_connections = setting(&mut connection, "max_connections").await;
+            let start: String = sqlx::query_scalar("select pg_postmaster_start_time()::text")
+                .fetch_one(&mut connection)
+                .await
+                .expect("start time");
+            all &= work_mem == "8MB" && max_connections == "150";
+            started.push((start, pod));
+        }
+        if all && started.len() == 2 && phase_and_ready(&ns, "shop") == "Ready/2" {
+            break 'settled;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "parameters applied everywhere within 180 s\n{}",
+            diagnostics()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    started.sort();
+    assert_eq!(
+        started
+            .iter()
+            .map(|(_, pod)| pod.as_str())
+            .collect::<Vec<_>>(),
+        vec!["shop-2", "shop-1"],
+        "the replica restarted before the primary: {started:?}"
+    );
+    assert!(events(&ns, "RollingRestart").contains("max_connections"));
+    assert!(events(&ns, "Reloaded").lines().count() >= 2);
+
+    // A replica whose volume is lost is rebuilt from the primary.
+    kubectl_ok(&["delete", "pvc", "shop-2", "-n", &ns, "--wait=false"]);
+    kubectl_ok(&[
+        "delete",
+        "pod",
+        "shop-2",
+        "-n",
+        &ns,
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+    wait_for(
+        "the replica rebuilt on a new volume and the cluster Ready",
+        Duration::from_secs(180),
+        || {
+            phase_and_ready(&ns, "shop") == "Ready/2"
+                && !jsonpath("pvc", "shop-2", &ns, "{.metadata.uid}").is_empty()
+        },
+        diagnostics,
+    );
+    every_instance_has(&ns, "shop", 2).await;
+
+    kubectl_ok(&[
+        "delete",
+        "dbc",
+        "shop",
+        "-n",
+        &ns,
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+    drop(survivor);
+    drop(volumes);
+}
+
+async fn wait_for_setting(connection: &mut sqlx::PgConnection, name: &str, wanted: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let value = setting(connection, name).await;
+        // PostgreSQL shows the names as written; compare without quotes and spaces.
+        let normalise = |s: &str| s.replace(['"', ' '], "");
+        if normalise(&value) == normalise(wanted) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} is {value:?}, not {wanted:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_actor_panic_is_survived_and_reported_as_degraded() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "fault").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create("fault-local", 1);
+    let mut operator = Operator::start_with(&ns, FAULT_OPERATOR, &["--fault-injection"]);
+    let logs = vec![operator.log.clone()];
+    let diagnostics = || describe(&ns, &logs);
+    apply_cluster(&ns, "calm", 1, &volumes.class, "");
+    apply_cluster(&ns, "faulty", 1, &volumes.class, "");
+    wait_for(
+        "both clusters Ready",
+        Duration::from_secs(180),
+        || phase_and_ready(&ns, "calm") == "Ready/1" && phase_and_ready(&ns, "faulty") == "Ready/1",
+        diagnostics,
+    );
+
+    // Every message to the faulty cluster's actor now panics it.
+    kubectl_ok(&[
+        "annotate",
+        "dbc",
+        "faulty",
+        "-n",
+        &ns,
+        "castellan.io/inject-fault=test panic",
+    ]);
+    let degraded = |name: &str| {
+        jsonpath(
+            "dbc",
+            name,
+            &ns,
+            "{.status.conditions[?(@.type==\"Degraded\")].status}",
+        )
+    };
+    wait_for(
+        "the faulty cluster is Degraded",
+        Duration::from_secs(120),
+        || degraded("faulty") == "True",
+        diagnostics,
+    );
+    let reason = jsonpath(
+        "dbc",
+        "faulty",
+        &ns,
+        "{.status.conditions[?(@.type==\"Degraded\")].message}",
+    );
+    assert!(reason.contains("injected fault: test panic"), "{reason}");
+    assert_eq!(phase_and_ready(&ns, "faulty"), "Degraded/1");
+    assert!(
+        events(&ns, "Degraded").contains("injected fault"),
+        "{}",
+        diagnostics()
+    );
+    // The operator survived, and the other cluster did not notice.
+    assert!(operator.running(), "the operator process is still running");
+    assert_eq!(phase_and_ready(&ns, "calm"), "Ready/1");
+    assert_eq!(degraded("calm"), "False");
+
+    // Fixing the cluster restarts its actor at once, and it recovers.
+    kubectl_ok(&[
+        "annotate",
+        "dbc",
+        "faulty",
+        "-n",
+        &ns,
+        "castellan.io/inject-fault-",
+    ]);
+    wait_for(
+        "the faulty cluster recovers",
+        Duration::from_secs(60),
+        || degraded("faulty") == "False" && phase_and_ready(&ns, "faulty") == "Ready/1",
+        diagnostics,
+    );
+
+    // A clean shutdown gives the Lease up at once.
+    let status = operator.terminate();
+    assert!(
+        status.success(),
+        "the operator exits cleanly on SIGTERM: {status}"
+    );
+    let holder = kubectl(&[
+        "get",
+        "lease",
+        "castellan-operator",
+        "-n",
+        &ns,
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&holder.stdout),
+        "",
+        "lease released"
+    );
+    drop(volumes);
+}

@@ -1,0 +1,308 @@
+//! DatabaseCluster end-to-end helpers: the operator as a host process, local volumes
+//! on the dev nodes, a cluster manifest, waiting on kubectl-visible state, and
+//! connections to the instances with the cluster's own credentials.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::PgConnection;
+
+use super::postgres::{connect, postgres_ids};
+use super::{kubeconfig_path, kubectl, kubectl_ok};
+
+pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}"])
+        .arg(format!("http://{address}{path}"))
+        .output()
+        .expect("running curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// The operator as a host process managing one namespace (its Lease lives there too),
+/// stopped when dropped.
+pub struct Operator {
+    child: Child,
+    pub address: &'static str,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    pub fn start(namespace: &str, address: &'static str) -> Self {
+        Self::start_with(namespace, address, &[])
+    }
+
+    pub fn start_with(namespace: &str, address: &'static str, extra: &[&str]) -> Self {
+        Self::start_with_env(namespace, address, extra, &[])
+    }
+
+    pub fn start_with_env(
+        namespace: &str,
+        address: &'static str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let (uid, gid) = postgres_ids();
+        let (uid, gid) = (uid.to_string(), gid.to_string());
+        let log_path =
+            std::env::temp_dir().join(format!("operator-{}-{address}.log", std::process::id()));
+        let log = std::fs::File::create(&log_path).expect("operator log");
+        let child = Command::new(env!("CARGO_BIN_EXE_castellan"))
+            .args(["operator", "--postgres-uid", &uid, "--postgres-gid", &gid])
+            .args(["--metrics-address", address, "--identity", address])
+            .args(["--namespace", namespace, "--watch-namespace", namespace])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig_path())
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("starting castellan operator");
+        Self {
+            child,
+            address,
+            log: log_path,
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        http_get(self.address, "/metrics")
+            .1
+            .contains("castellan_leader 1\n")
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM, as Kubernetes stops a pod, and wait for the exit.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        self.child.wait().expect("waiting for the operator")
+    }
+
+    pub fn logs(operators: &[PathBuf]) -> String {
+        operators
+            .iter()
+            .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Local PersistentVolumes, `per_node` on each of the three nodes, in directories
+/// owned by postgres, and the `WaitForFirstConsumer` class they belong to; removed
+/// when dropped.
+pub struct LocalVolumes {
+    pub class: String,
+    names: Vec<String>,
+    root: PathBuf,
+}
+
+impl LocalVolumes {
+    pub fn create(prefix: &str, per_node: u32) -> Self {
+        let class = format!("{prefix}-{}", std::process::id());
+        let root = PathBuf::from(format!("/tmp/{class}"));
+        let (uid, gid) = postgres_ids();
+        let mut manifests = format!(
+            "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: {class}}}\n\
+             provisioner: kubernetes.io/no-provisioner\nvolumeBindingMode: WaitForFirstConsumer\n"
+        );
+        let mut names = Vec::new();
+        for node in 1..=3 {
+            for volume in 1..=per_node {
+                let dir = root.join(format!("node-{node}-{volume}"));
+                std::fs::create_dir_all(&dir).expect("volume directory");
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                    .expect("chmod");
+                let status = Command::new("chown")
+                    .arg(format!("{uid}:{gid}"))
+                    .arg(&dir)
+                    .status()
+                    .expect("chown");
+                assert!(status.success());
+                let name = format!("{class}-node-{node}-{volume}");
+                manifests.push_str(&format!(
+                    "---\napiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  \
+                     capacity: {{storage: 2Gi}}\n  accessModes: [ReadWriteOnce]\n  \
+                     persistentVolumeReclaimPolicy: Retain\n  storageClassName: {class}\n  \
+                     local: {{path: {}}}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      \
+                     - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [node-{node}]}}]\n",
+                    dir.display()
+                ));
+                names.push(name);
+            }
+        }
+        let file = std::env::temp_dir().join(format!("{class}.yaml"));
+        std::fs::write(&file, manifests).expect("writing manifests");
+        kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
+        Self { class, names, root }
+    }
+}
+
+impl Drop for LocalVolumes {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = kubectl(&["delete", "pv", name, "--wait=false"]);
+        }
+        let _ = kubectl(&["delete", "storageclass", &self.class, "--wait=false"]);
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// `kubectl apply`s a PostgreSQL DatabaseCluster with database `shop` owned by
+/// `clerk`; `extra_spec` is more YAML under `spec:` (two-space indented lines).
+pub fn apply_cluster(namespace: &str, name: &str, replicas: u32, class: &str, extra_spec: &str) {
+    let manifest = std::env::temp_dir().join(format!("{namespace}-{name}.yaml"));
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: {name}}}\nspec:\n  \
+             engine: postgresql\n  version: \"15\"\n  replicas: {replicas}\n  \
+             storage: {{size: 1Gi, storageClassName: {class}}}\n  \
+             bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n{extra_spec}"
+        ),
+    )
+    .expect("writing the manifest");
+    kubectl_ok(&[
+        "apply",
+        "-f",
+        manifest.to_str().expect("utf-8 path"),
+        "-n",
+        namespace,
+    ]);
+}
+
+pub fn jsonpath(kind: &str, name: &str, namespace: &str, path: &str) -> String {
+    let output = kubectl(&[
+        "get",
+        kind,
+        name,
+        "-n",
+        namespace,
+        "-o",
+        &format!("jsonpath={path}"),
+    ]);
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Polls `check` every half second; fails with `diagnostics` after `timeout`.
+pub fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> bool,
+    diagnostics: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {timeout:?}\n{}",
+            diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// `phase/readyInstances` of a cluster, e.g. `Ready/3`.
+pub fn phase_and_ready(namespace: &str, name: &str) -> String {
+    jsonpath(
+        "dbc",
+        name,
+        namespace,
+        "{.status.phase}/{.status.readyInstances}",
+    )
+}
+
+/// The objects and Events of a namespace, and the operators' logs, for a failure
+/// message.
+pub fn describe(namespace: &str, operator_logs: &[PathBuf]) -> String {
+    format!(
+        "{}\n{}\n{}",
+        String::from_utf8_lossy(
+            &kubectl(&["get", "dbc,pods,pvc,svc", "-n", namespace, "-o", "wide"]).stdout
+        ),
+        String::from_utf8_lossy(&kubectl(&["get", "events", "-n", namespace]).stdout),
+        Operator::logs(operator_logs)
+    )
+}
+
+/// A key of a Secret, decoded.
+pub fn secret_value(namespace: &str, secret: &str, key: &str) -> String {
+    let encoded = jsonpath("secret", secret, namespace, &format!("{{.data.{key}}}"));
+    let out = Command::new("base64")
+        .arg("-d")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(encoded.as_bytes())?;
+            child.wait_with_output()
+        });
+    String::from_utf8_lossy(&out.expect("decoding a secret").stdout).into_owned()
+}
+
+/// A connection to `host` as the application user of cluster `name`.
+pub async fn connect_app(namespace: &str, name: &str, host: &str) -> PgConnection {
+    let password = secret_value(namespace, &format!("{name}-app"), "password");
+    connect(host, "clerk", &password, "shop").await
+}
+
+/// Pod name → pod IP of every instance of cluster `name`.
+pub fn instance_addresses(namespace: &str, name: &str) -> Vec<(String, String)> {
+    let out = kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        &format!("castellan.io/cluster={name}"),
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{\"\\n\"}{end}",
+    ]);
+    out.lines()
+        .filter_map(|line| {
+            let (pod, ip) = line.split_once(' ')?;
+            Some((pod.to_owned(), ip.to_owned()))
+        })
+        .collect()
+}
+
+/// Waits until the test table `orders` has `rows` rows on the connection's server.
+pub async fn wait_orders(connection: &mut PgConnection, rows: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = sqlx::query_scalar::<_, i64>("select count(*) from orders")
+            .fetch_one(&mut *connection)
+            .await
+            .unwrap_or(-1);
+        if found == rows {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {found} rows in orders, expected {rows}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,201 @@
+//! One operation is one trace across processes: a cluster is created and its
+//! parameters changed, with both processes exporting over OTLP to a real OpenTelemetry
+//! Collector (deploy/otel); the change's trace links the operator's
+//! `reconcile` span, through its actors (ClusterActor, then the instance's
+//! ReplicaActor), to the instance manager's span for the call it received (the trace
+//! context travels in the instance API's `traceparent` header).
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::cluster::{
+    LocalVolumes, Operator, apply_cluster, describe, phase_and_ready, wait_for,
+};
+use support::{TestNamespace, client, repo};
+
+const OPERATOR: &str = "127.0.64.1:8080";
+const RECEIVER_PORT: u16 = 47400;
+
+/// The collector, stopped when dropped.
+struct Receiver {
+    dir: PathBuf,
+}
+
+impl Receiver {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("otel-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("receiver directory");
+        let status = Command::new(repo().join("deploy/otel/receiver.sh"))
+            .arg("start")
+            .arg(&dir)
+            .arg(RECEIVER_PORT.to_string())
+            .status()
+            .expect("running deploy/otel/receiver.sh");
+        assert!(status.success(), "the OTLP receiver did not start");
+        Self { dir }
+    }
+
+    fn traces(&self) -> PathBuf {
+        self.dir.join("traces.jsonl")
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("deploy/otel/receiver.sh"))
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Span {
+    service: String,
+    name: String,
+    trace: String,
+    id: String,
+    parent: String,
+}
+
+/// Every span in the collector's file (OTLP JSON, one export request per line).
+fn spans(file: &Path) -> Vec<Span> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut found = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let Ok(request) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        for resource in request["resourceSpans"].as_array().into_iter().flatten() {
+            let service = resource["resource"]["attributes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|a| a["key"] == "service.name")
+                .and_then(|a| a["value"]["stringValue"].as_str())
+                .unwrap_or_default()
+                .to_owned();
+            for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
+                for span in scope["spans"].as_array().into_iter().flatten() {
+                    let text = |key: &str| span[key].as_str().unwrap_or_default().to_owned();
+                    found.push(Span {
+                        service: service.clone(),
+                        name: text("name"),
+                        trace: text("traceId"),
+                        id: text("spanId"),
+                        parent: text("parentSpanId"),
+                    });
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The chain from an instance manager's request span up to its trace's root, if that
+/// chain is complete, crosses from the instance manager into the operator, and goes
+/// through a `reconcile` (under kube-runtime's `reconciling object`).
+fn cross_process_chain(spans: &[Span]) -> Option<Vec<Span>> {
+    let by_id: HashMap<&str, &Span> = spans.iter().map(|s| (s.id.as_str(), s)).collect();
+    for start in spans
+        .iter()
+        .filter(|s| s.service == "castellan-instance" && s.name == "instance api request")
+    {
+        let mut chain = vec![start.clone()];
+        let mut current = start;
+        while !current.parent.is_empty() {
+            let Some(parent) = by_id.get(current.parent.as_str()) else {
+                break;
+            };
+            assert_eq!(parent.trace, start.trace, "a parent in another trace");
+            chain.push((*parent).clone());
+            current = parent;
+        }
+        let from_a_reconcile = chain.iter().any(|s| s.name == "reconcile");
+        if current.parent.is_empty() && from_a_reconcile {
+            return Some(chain);
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_creation_is_one_trace_across_operator_and_instance() {
+    let receiver = Receiver::start();
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "trace").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create("trace-local", 1);
+    let endpoint = format!("http://127.0.0.1:{RECEIVER_PORT}");
+    let operator = Operator::start_with_env(
+        &ns,
+        OPERATOR,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    let logs = vec![operator.log.clone()];
+    apply_cluster(&ns, "traced", 1, &volumes.class, "");
+    wait_for(
+        "the cluster is Ready",
+        Duration::from_secs(180),
+        || phase_and_ready(&ns, "traced") == "Ready/1",
+        || describe(&ns, &logs),
+    );
+
+    // A spec change: reconcile hands it to the cluster's actor, which has each
+    // instance's actor reload it at once, within the same trace.
+    support::kubectl_ok(&[
+        "patch",
+        "dbc",
+        "traced",
+        "-n",
+        &ns,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"parameters":{"work_mem":"8MB"}}}"#,
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let chain = loop {
+        let found = spans(&receiver.traces());
+        if let Some(chain) = cross_process_chain(&found) {
+            break chain;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no instance span linked to an operator reconcile within 60 s; {} spans from {:?}",
+            found.len(),
+            found
+                .iter()
+                .map(|s| (s.service.as_str(), s.name.as_str()))
+                .collect::<std::collections::BTreeSet<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let names: Vec<String> = chain
+        .iter()
+        .map(|s| format!("{}: {}", s.service, s.name))
+        .collect();
+    println!("trace across processes (child → root): {names:#?}");
+    // The instance manager's span hangs under the operator's call, which runs inside
+    // an actor event, under the reconcile that started it all.
+    assert_eq!(chain[1].service, "castellan-operator", "{names:#?}");
+    assert_eq!(chain[1].name, "instance api call", "{names:#?}");
+    assert!(
+        chain.iter().filter(|s| s.name == "actor event").count() >= 2,
+        "the path goes through the cluster's and the instance's actors: {names:#?}"
+    );
+    let root = chain.last().expect("a chain has a root");
+    assert_eq!(root.service, "castellan-operator", "{names:#?}");
+    drop(operator);
+    drop(volumes);
+}
