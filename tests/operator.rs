@@ -5,81 +5,19 @@
 
 mod support;
 
+use support::operator::{Operator, http_get};
 use support::postgres::{connect, postgres_ids};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{TestNamespace, client, kubeconfig_path, kubectl, kubectl_ok};
+use support::{TestNamespace, client, kubectl, kubectl_ok};
 
 /// Where the test's two operators serve /healthz, /readyz and /metrics (also their
 /// identities in the leader Lease).
 const METRICS_ADDRESSES: [&str; 2] = ["127.0.60.1:8080", "127.0.60.2:8080"];
-
-fn http_get(address: &str, path: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}"])
-        .arg(format!("http://{address}{path}"))
-        .output()
-        .expect("running curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
-}
-
-/// The operator as a host process, stopped when dropped.
-struct Operator {
-    child: Child,
-    address: &'static str,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn start(namespace: &str, address: &'static str) -> Self {
-        let (uid, gid) = postgres_ids();
-        let (uid, gid) = (uid.to_string(), gid.to_string());
-        let log_path =
-            std::env::temp_dir().join(format!("operator-{}-{address}.log", std::process::id()));
-        let log = std::fs::File::create(&log_path).expect("operator log");
-        let child = Command::new(env!("CARGO_BIN_EXE_castellan"))
-            .args(["operator", "--postgres-uid", &uid, "--postgres-gid", &gid])
-            .args([
-                "--metrics-address",
-                address,
-                "--namespace",
-                namespace,
-                "--identity",
-                address,
-            ])
-            .env("KUBECONFIG", kubeconfig_path())
-            .env("RUST_LOG", "info")
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("starting castellan operator");
-        Self {
-            child,
-            address,
-            log: log_path,
-        }
-    }
-
-    fn is_leader(&self) -> bool {
-        http_get(self.address, "/metrics")
-            .1
-            .contains("castellan_leader 1\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Local PersistentVolumes, one per node, in directories owned by postgres, and the
 /// `WaitForFirstConsumer` class they belong to; removed when dropped.
