@@ -40,6 +40,7 @@ up: controlplane
 	@deploy/local/cluster.sh up
 	@deploy/local/nodes.sh up
 	@cargo build --quiet -p castellan
+	@deploy/local/agent.sh up
 	@deploy/local/example.sh up
 	@echo "KUBECONFIG=$(CURDIR)/.dev/kubeconfig $(CURDIR)/.dev/bin/kubectl get castellan"
 
