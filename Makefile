@@ -19,13 +19,14 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane build up down crds check test
+.PHONY: help deps controlplane build up down crds check test bench-storage
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy) with Castellan's CRDs"
 	@echo "make down   stop it and remove its state"
 	@echo "make test   formatting, lints, unit and end-to-end tests"
 	@echo "make crds   regenerate crds/ from the Rust types"
+	@echo "make bench-storage  time disk hotplug → BlockDevice → pool growth on the make up cluster"
 
 deps:
 	@deploy/local/deps.sh
@@ -54,6 +55,11 @@ crds: deps
 check: deps
 	cargo fmt --all --check
 	cargo clippy $(PACKAGES) --all-targets -- -D warnings
+
+# Against the running `make up` cluster (it adds and removes its own pool and disks on
+# node-1). Debug profile: it times the agent, not itself.
+bench-storage:
+	CASTELLAN_KUBECONFIG=$(CURDIR)/.dev/kubeconfig cargo bench --profile dev -p castellan --bench storage_hotplug
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
 # this target starts and always stops, whatever the outcome.
