@@ -144,6 +144,16 @@ struct Objects {
 impl Drop for Objects {
     fn drop(&mut self) {
         for pool in &self.pools {
+            // The agents that would release the pool (its finalizer) are stopped by now,
+            // and the guards unmount and detach what they built.
+            let _ = support::kubectl(&[
+                "patch",
+                "storagepool",
+                pool,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ]);
             let _ = support::kubectl(&["delete", "storagepool", pool, "--wait=false"]);
         }
         for class in &self.classes {
