@@ -8,6 +8,8 @@
 # - Disks: the dev nodes share one host and its loop devices, so node N's agent only
 #   sees loop devices whose backing file is under $dev/disks/node-N/ (the Node annotation
 #   castellan.io/device-allow, read by the agent when it starts).
+# - Only nodes labelled node.castellan.io/process-backed=true run it (not the Node
+#   objects tests register without a machine behind them).
 # - Pools are mounted under $dev/pools instead of /var/lib/castellan/pools, so that
 #   several local clusters on one machine do not mount over each other and
 #   `nodes.sh down` knows what to release.
@@ -27,7 +29,11 @@ up() {
     "${k[@]}" annotate --overwrite node "$node" "castellan.io/device-allow=^$dev/disks/$node/" >/dev/null
   done
   mkdir -p "$dev/pools"
-  sed -e "s#/var/lib/castellan/pools#$dev/pools#g" "$repo/deploy/agent/agent.yaml" \
+  # Only on the process-backed nodes: tests register Node objects of their own (with no
+  # machine behind them), whose agent pods would stay Pending and stall the rollout.
+  sed -e "s#/var/lib/castellan/pools#$dev/pools#g" \
+      -e 's#^      hostPID: true$#      hostPID: true\n      nodeSelector: {node.castellan.io/process-backed: "true"}#' \
+      "$repo/deploy/agent/agent.yaml" \
     | "${k[@]}" apply -f - >/dev/null
   "${k[@]}" -n castellan-system rollout status daemonset/castellan-agent --timeout=120s >&2 \
     || die "the agent DaemonSet did not become ready"
