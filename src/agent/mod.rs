@@ -44,6 +44,9 @@ use observe::{AllowList, Sources};
 use pools::Pools;
 use volumes::Volumes;
 
+/// How soon a pool step that failed on something passing (a busy disk) is retried.
+const RETRY_DELAY: Duration = Duration::from_secs(3);
+
 /// The Node label PV node affinity matches.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
@@ -155,6 +158,7 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
         triggers.clone(),
     ));
     let (volume_triggers, mut volume_passes) = mpsc::channel(1);
+    let (retries, mut retry_passes) = mpsc::channel(1);
     let watching = tokio::spawn(watch_volumes(client, volume_triggers));
     let mut listening = tokio::spawn(listener.run(uevent::Debounce::default(), triggers));
 
@@ -166,6 +170,7 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     loop {
         let cause = tokio::select! {
             _ = interval.tick() => "periodic",
+            Some(()) = retry_passes.recv() => "retry",
             Some(()) = volume_passes.recv() => {
                 // A claim or volume changed: provision, grow or release, and report the
                 // pools again when their allocation changed.
@@ -192,8 +197,17 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         };
-        if rescan(&node, &allow, &sources, &inventory, &pools, cause).await {
+        let next = rescan(&node, &allow, &sources, &inventory, &pools, cause).await;
+        if next.look_again {
             rescan(&node, &allow, &sources, &inventory, &pools, "released").await;
+        }
+        if next.retry_soon {
+            let retry = retries.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(RETRY_DELAY).await;
+                // Full channel: a retry is already due.
+                let _ = retry.try_send(());
+            });
         }
         if cause == "periodic"
             && let Err(error) = volumes.reconcile().await
@@ -209,8 +223,7 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
 }
 
 /// One look and one reconcile. Failures are logged and retried by the next trigger:
-/// an API server restart must not kill the agent. Returns whether the pools released
-/// disks, which then deserve another look.
+/// an API server restart must not kill the agent. Returns what the pools ask next.
 async fn rescan(
     node: &str,
     allow: &AllowList,
@@ -218,7 +231,7 @@ async fn rescan(
     inventory: &Inventory,
     pools: &Pools,
     cause: &str,
-) -> bool {
+) -> pools::Next {
     let started = Instant::now();
     let (node_name, allow_list, from) = (node.to_string(), allow.clone(), sources.clone());
     let observation =
@@ -228,11 +241,11 @@ async fn rescan(
             Ok(Ok(observation)) => observation,
             Ok(Err(error)) => {
                 tracing::error!(%node, %error, "scanning disks failed");
-                return false;
+                return pools::Next::default();
             }
             Err(error) => {
                 tracing::error!(%node, %error, "the disk scan panicked");
-                return false;
+                return pools::Next::default();
             }
         };
     for reason in &observation.skipped {
@@ -248,14 +261,14 @@ async fn rescan(
         }
         Err(error) => {
             tracing::error!(%node, %error, "updating BlockDevices failed");
-            return false;
+            return pools::Next::default();
         }
     }
     let again = match pools.reconcile(&observation.devices).await {
         Ok(again) => again,
         Err(error) => {
             tracing::error!(%node, %error, "reconciling pools failed");
-            false
+            pools::Next::default()
         }
     };
     tracing::debug!(%node, cause, elapsed_ms = started.elapsed().as_millis() as u64, "pools done");

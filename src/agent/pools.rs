@@ -63,6 +63,27 @@ pub enum PoolsError {
     },
 }
 
+/// What a pass over the pools asks of the agent next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Next {
+    /// Disks were released: look at them again now, so their BlockDevices become
+    /// `Unclaimed` at once.
+    pub look_again: bool,
+    /// Releasing a deleted pool failed on something that passes (a disk still held
+    /// busy): try again in a few seconds rather than at the next periodic look.
+    pub retry_soon: bool,
+}
+
+impl Next {
+    /// Both passes' requests.
+    pub fn and(self, other: Next) -> Next {
+        Next {
+            look_again: self.look_again || other.look_again,
+            retry_soon: self.retry_soon || other.retry_soon,
+        }
+    }
+}
+
 /// Field manager of the `Deleting` condition (the same content from every node).
 pub const DELETION_FIELD_MANAGER: &str = "castellan-agent-deletion";
 /// The condition a pool being deleted carries.
@@ -94,15 +115,14 @@ impl Pools {
     }
 
     /// One pass over every pool, with the devices of the look just written. Returns
-    /// whether disks were released (then the caller looks at the disks again, so that
-    /// their BlockDevices become `Unclaimed` at once).
-    pub async fn reconcile(&self, observed: &[Observed]) -> Result<bool, PoolsError> {
+    /// what the caller should do next (see `Next`).
+    pub async fn reconcile(&self, observed: &[Observed]) -> Result<Next, PoolsError> {
         let pools = Api::<StoragePool>::all(self.client.clone())
             .list(&ListParams::default())
             .await
             .map_err(PoolsError::ListPools)?;
         if pools.items.is_empty() {
-            return Ok(false);
+            return Ok(Next::default());
         }
         let labels = Api::<Node>::all(self.client.clone())
             .get_opt(&self.node)
@@ -113,11 +133,11 @@ impl Pools {
             })?
             .map(|node| node.labels().clone())
             .unwrap_or_default();
-        let mut again = false;
+        let mut again = Next::default();
         for pool in &pools.items {
             if pool.metadata.deletion_timestamp.is_some() {
                 match self.delete(pool, observed).await {
-                    Ok(released) => again |= released,
+                    Ok(next) => again = again.and(next),
                     Err(error) => {
                         tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "releasing the deleted pool failed");
                     }
@@ -150,9 +170,9 @@ impl Pools {
         Ok(again)
     }
 
-    /// This node's part of deleting `pool` (see `deletion`). Returns whether disks were
-    /// released, so that the caller looks at them again.
-    async fn delete(&self, pool: &StoragePool, observed: &[Observed]) -> Result<bool, PoolsError> {
+    /// This node's part of deleting `pool` (see `deletion`): disks released → look at
+    /// them again; a step failed (a disk still busy) → try again soon.
+    async fn delete(&self, pool: &StoragePool, observed: &[Observed]) -> Result<Next, PoolsError> {
         let name = pool.name_any();
         let class = pool.spec.storage_class.name.clone();
         let volumes = self.pool_volumes(&name).await?;
@@ -207,7 +227,7 @@ impl Pools {
                     self.event(pool, EventType::Warning, "DeletionBlocked", message)
                         .await;
                 }
-                return Ok(false);
+                return Ok(Next::default());
             }
             deletion::Deletion::Release(steps) => steps,
         };
@@ -229,9 +249,12 @@ impl Pools {
                     })
                     .await;
                     if let Err(message) = unmounted {
-                        // Busy (a pod still uses a volume): try again on the next pass.
+                        // Busy (a pod still uses a volume): tried again soon.
                         tracing::error!(node = %self.node, pool = %name, %message, "unmounting the deleted pool failed");
-                        return Ok(false);
+                        return Ok(Next {
+                            retry_soon: true,
+                            ..Next::default()
+                        });
                     }
                 }
                 deletion::Step::Wipe(path) => {
@@ -244,7 +267,10 @@ impl Pools {
                     .await;
                     if let Err(message) = wiped {
                         tracing::error!(node = %self.node, pool = %name, %message, "wiping a released disk failed");
-                        return Ok(false);
+                        return Ok(Next {
+                            retry_soon: true,
+                            ..Next::default()
+                        });
                     }
                 }
                 deletion::Step::Release(device) => self.release_device(device).await?,
@@ -268,7 +294,10 @@ impl Pools {
                 tracing::info!(node = %self.node, pool = %name, "pool released on every node; finalizer removed");
             }
         }
-        Ok(!steps.is_empty())
+        Ok(Next {
+            look_again: !steps.is_empty(),
+            ..Next::default()
+        })
     }
 
     async fn pool_volumes(&self, pool: &str) -> Result<Vec<String>, PoolsError> {
@@ -871,4 +900,31 @@ fn run_steps(steps: &[Step], mount_path: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_requests_of_several_pools_add_up() {
+        let none = Next::default();
+        let look = Next {
+            look_again: true,
+            ..Next::default()
+        };
+        let retry = Next {
+            retry_soon: true,
+            ..Next::default()
+        };
+        assert_eq!(none.and(none), none);
+        assert_eq!(
+            look.and(retry),
+            Next {
+                look_again: true,
+                retry_soon: true
+            }
+        );
+        assert_eq!(none.and(retry), retry);
+    }
 }
