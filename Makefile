@@ -19,14 +19,15 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel build up down crds check test bench
+.PHONY: help deps controlplane otel build up down crds check test bench bench-storage
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy) with Castellan's CRDs"
 	@echo "make down   stop it and remove its state"
 	@echo "make test   formatting, lints, unit and end-to-end tests"
 	@echo "make crds   regenerate crds/ from the Rust types"
-	@echo "make bench  run the benchmarks under bench/ and print their figures"
+	@echo "make bench  DatabaseCluster benchmark (apply → Ready, operator memory) on its own cluster"
+	@echo "make bench-storage  time disk hotplug → BlockDevice → pool growth on the make up cluster"
 
 deps:
 	@deploy/local/deps.sh
@@ -45,6 +46,7 @@ up: controlplane
 	@deploy/local/cluster.sh up
 	@deploy/local/nodes.sh up
 	@cargo build --quiet -p castellan
+	@deploy/local/agent.sh up
 	@deploy/local/example.sh up
 	@echo "KUBECONFIG=$(CURDIR)/.dev/kubeconfig $(CURDIR)/.dev/bin/kubectl get castellan"
 
@@ -58,6 +60,11 @@ crds: deps
 check: deps
 	cargo fmt --all --check
 	cargo clippy $(PACKAGES) --all-targets -- -D warnings
+
+# Against the running `make up` cluster (it adds and removes its own pool and disks on
+# node-1). Debug profile: it times the agent, not itself.
+bench-storage:
+	CASTELLAN_KUBECONFIG=$(CURDIR)/.dev/kubeconfig cargo bench --profile dev -p castellan --bench storage_hotplug
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
 # this target starts and always stops, whatever the outcome.

@@ -10,7 +10,7 @@
 
 mod support;
 
-use support::disks::{MIB, run, sparse_file, write_ext4, write_gpt};
+use support::disks::{Loops, MIB, Unmount, mounts_under, run, sparse_file, write_ext4, write_gpt};
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -74,82 +74,6 @@ fn gpt_file(dir: &Path, name: &str) -> PathBuf {
     let path = disk_file(dir, name);
     write_gpt(&path);
     path
-}
-
-/// Loop devices, detached on drop (after `btrfs device scan --forget`, so the kernel
-/// keeps no stale btrfs member at a path the next user of the loop gets).
-#[derive(Default)]
-struct Loops {
-    devices: Vec<(String, bool)>,
-}
-
-impl Loops {
-    fn attach(&mut self, file: &Path) -> String {
-        let path = run("losetup", &["--find", "--show", &file.to_string_lossy()])
-            .trim()
-            .to_string();
-        self.devices.push((path.clone(), true));
-        path
-    }
-
-    fn detach(&mut self, path: &str) {
-        for (device, attached) in &mut self.devices {
-            if device == path && *attached {
-                let _ = Command::new("btrfs")
-                    .args(["device", "scan", "--forget", device])
-                    .output();
-                run("losetup", &["--detach", device]);
-                *attached = false;
-            }
-        }
-    }
-}
-
-impl Drop for Loops {
-    fn drop(&mut self) {
-        for (device, attached) in &self.devices {
-            if *attached {
-                let _ = Command::new("btrfs")
-                    .args(["device", "scan", "--forget", device])
-                    .output();
-                let _ = Command::new("losetup").args(["--detach", device]).status();
-            }
-        }
-    }
-}
-
-/// Mount points under `dir`, from this process's mount table.
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().into_owned();
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4).map(str::to_string))
-        .filter(|mount| mount.starts_with(&prefix))
-        .collect()
-}
-
-/// Unmounts everything under the pool root on drop (declared after `Loops`, so it
-/// runs before the loop devices are detached).
-struct Unmount {
-    root: PathBuf,
-}
-
-impl Unmount {
-    fn all(&self) {
-        for mount in mounts_under(&self.root).iter().rev() {
-            let status = Command::new("umount").arg(mount).status();
-            if !status.is_ok_and(|s| s.success()) {
-                let _ = Command::new("umount").args(["--lazy", mount]).status();
-            }
-        }
-    }
-}
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        self.all();
-    }
 }
 
 /// A running agent, killed on drop; its log is printed if the test failed.
@@ -220,6 +144,16 @@ struct Objects {
 impl Drop for Objects {
     fn drop(&mut self) {
         for pool in &self.pools {
+            // The agents that would release the pool (its finalizer) are stopped by now,
+            // and the guards unmount and detach what they built.
+            let _ = support::kubectl(&[
+                "patch",
+                "storagepool",
+                pool,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ]);
             let _ = support::kubectl(&["delete", "storagepool", pool, "--wait=false"]);
         }
         for class in &self.classes {

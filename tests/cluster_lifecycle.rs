@@ -1,7 +1,9 @@
 //! Day two of a DatabaseCluster, end to end on the dev nodes through kubectl-level
 //! actions: a 3-instance synchronous cluster scaled to 5 while the leading operator is
-//! killed, then to 2; a reloadable and a restart-only parameter changed; a replica's
-//! volume lost and rebuilt from the primary; and an actor panic survived and reported.
+//! killed, then to 2 (a commit is on the remaining sync standby when it returns); a
+//! reloadable and a restart-only parameter changed; a replica's volume lost and
+//! rebuilt from the primary; an actor panic survived and reported; the Lease released
+//! on a clean shutdown.
 
 mod support;
 
@@ -181,11 +183,31 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
     );
     let mut primary = connect_app(&ns, "shop", &rw).await;
     wait_for_setting(&mut primary, "synchronous_standby_names", "ANY 1 (shop-2)").await;
+    // In sync mode a committed row is on the synchronous standby when the commit
+    // returns (remote_apply: applied there, so visible, not only flushed).
+    let standby_ip = instance_addresses(&ns, "shop")
+        .into_iter()
+        .find(|(pod, _)| pod == "shop-2")
+        .map(|(_, ip)| ip)
+        .expect("shop-2 has an address");
+    let mut standby = connect_app(&ns, "shop", &standby_ip).await;
+    sqlx::query("set synchronous_commit = remote_apply")
+        .execute(&mut primary)
+        .await
+        .expect("set synchronous_commit");
     sqlx::query("insert into orders values (2)")
         .execute(&mut primary)
         .await
         .expect("a commit with the quorum on the remaining standby");
-    drop(primary);
+    let on_standby: i64 = sqlx::query_scalar("select count(*) from orders where id = 2")
+        .fetch_one(&mut standby)
+        .await
+        .expect("reading the standby");
+    assert_eq!(
+        on_standby, 1,
+        "the committed row is on the sync standby at commit time"
+    );
+    drop((primary, standby));
     every_instance_has(&ns, "shop", 2).await;
     assert!(
         events(&ns, "RemovedInstance").lines().count() >= 3,

@@ -7,6 +7,8 @@
 #   nodes.sh stop NAME    stop one node as a lost machine would (its pods' processes die)
 #   nodes.sh start NAME   start one node again (it resumes its pods)
 #   nodes.sh status       exit 0 when every node and the proxy run
+#   nodes.sh release-disks  unmount the pools under the state directory and detach its
+#                         loop devices (down does this after stopping the nodes)
 #
 # Environment:
 #   CASTELLAN_DEV_DIR    the cluster's state directory (default: <repo>/.dev)
@@ -184,6 +186,39 @@ up() {
   log "$count nodes and the proxy are running (logs in $logs)"
 }
 
+# The storage the nodes' agents built (deploy/local/agent.sh): pools are mounted under
+# $dev/pools (itself a shared self-bind mount, made by the nodes for the agent's
+# Bidirectional volume) and the nodes' disks are loop devices over files under
+# $dev/disks. Only
+# what is under this cluster's state directory is touched: another cluster's (or the
+# host's) mounts and loop devices are not ours. Deepest mounts first; a loop device is
+# forgotten by btrfs before it is detached, so no stale member lingers in the kernel's
+# btrfs device list.
+pool_mounts() {
+  findmnt -rn -o TARGET | awk -v root="$dev/pools" '$0 == root || index($0, root "/") == 1'
+}
+
+release_disks() {
+  local target loop file left
+  # One at a time, deepest first, looking again after each: unmounting one of several
+  # shared mounts stacked at the same place takes its peers with it.
+  for _ in $(seq 1 100); do
+    target="$(pool_mounts | sort -r | head -n1)"
+    [[ -n "$target" ]] || break
+    umount "$target" 2>/dev/null || umount --lazy "$target" 2>/dev/null || true
+  done
+  while read -r loop file; do
+    [[ -n "$loop" ]] || continue
+    case "$file" in "$dev"/*) ;; *) continue ;; esac
+    btrfs device scan --forget "$loop" >/dev/null 2>&1 || true
+    losetup -d "$loop" || die "detaching $loop ($file) failed"
+  done < <(losetup -n -l -O NAME,BACK-FILE 2>/dev/null)
+  left="$(pool_mounts)"
+  left+="$(losetup -n -l -O NAME,BACK-FILE 2>/dev/null | awk -v root="$dev/" 'index($2, root) == 1')"
+  [[ -z "$left" ]] || die "still mounted or attached after releasing the disks: $left"
+  log "pools under $dev/pools unmounted, loop devices over $dev detached"
+}
+
 down() {
   local name dir
   stop_process proxy
@@ -200,6 +235,8 @@ down() {
     die "processes of the nodes in $dev are still running after down"
   fi
   log "nodes and proxy stopped"
+  # After the nodes: their agents (pods) are gone and hold nothing open any more.
+  release_disks
 }
 
 case "${1:-}" in
@@ -207,6 +244,7 @@ case "${1:-}" in
   down) down ;;
   stop) [[ -n "${2:-}" ]] || die "usage: $0 stop NAME"; stop_process "$2"; kill_recorded "$dev/nodes/$2"; kill_marked "$2" ;;
   start) [[ -n "${2:-}" ]] || die "usage: $0 start NAME"; mkdir -p "$logs" "$pids"; start_node "$2"; wait_ready "$2" ;;
+  release-disks) release_disks ;;
   status) for name in $(names) proxy; do running "$name" || exit 1; done ;;
-  *) echo "usage: $0 up|down|stop NAME|start NAME|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|stop NAME|start NAME|status|release-disks" >&2; exit 2 ;;
 esac

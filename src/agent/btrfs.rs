@@ -7,6 +7,7 @@
 //! back here. The parsers are tested against output captured from btrfs-progs 6.2 on
 //! loop devices.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use castellan_crds::storage_pool::Layout;
@@ -196,6 +197,36 @@ pub fn parse_usage(text: &str) -> Option<Usage> {
     })
 }
 
+/// The volumes of a pool from `btrfs qgroup show -re --raw <mount>`: each subvolume
+/// directly under `volumes/`, by name, with its referenced-bytes limit (`None` for
+/// `none`). Qgroups of deleted subvolumes (`<stale>`) and anything outside `volumes/`
+/// are not volumes. `None` if the output is not a qgroup table (quotas off).
+pub fn parse_volume_quotas(text: &str) -> Option<BTreeMap<String, Option<u64>>> {
+    let mut lines = text.lines();
+    let header = lines.next()?;
+    if !header.starts_with("Qgroupid") || !header.contains("Path") {
+        return None;
+    }
+    let mut volumes = BTreeMap::new();
+    for line in lines {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [id, _referenced, _exclusive, limit, _exclusive_limit, path] = fields.as_slice() else {
+            continue;
+        };
+        if !id.starts_with("0/") {
+            continue;
+        }
+        let Some(name) = path
+            .strip_prefix("volumes/")
+            .filter(|name| !name.contains('/'))
+        else {
+            continue;
+        };
+        volumes.insert(name.to_string(), limit.parse::<u64>().ok());
+    }
+    Some(volumes)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 mod tests {
@@ -231,6 +262,34 @@ mod tests {
 Data,RAID1: Size:67108864, Used:0 (0.00%)
    /dev/loop0\t  67108864
 ";
+
+    // `btrfs qgroup show -re --raw` on the development machine: two volumes (one with a
+    // quota), one deleted volume not yet cleaned, the top level.
+    const QGROUPS: &str =
+        "Qgroupid    Referenced    Exclusive  Max referenced  Max exclusive   Path 
+--------    ----------    ---------  --------------  -------------   ---- 
+0/5              16384        16384            none           none   <toplevel>
+0/256         10469376     10469376        31457280           none   volumes/pvc-a
+0/257            16384        16384            none           none   volumes/pvc-b
+0/258            16384        16384            none           none   <stale>
+0/259            16384        16384        1048576            none   other/nested
+";
+
+    #[test]
+    fn volume_quotas_are_the_subvolumes_under_volumes() {
+        let quotas = parse_volume_quotas(QGROUPS).unwrap();
+        assert_eq!(
+            quotas.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("pvc-a".to_string(), Some(31457280)),
+                ("pvc-b".to_string(), None)
+            ]
+        );
+        assert_eq!(
+            parse_volume_quotas("ERROR: can't list qgroups: quotas not enabled"),
+            None
+        );
+    }
 
     #[test]
     fn labels_and_mount_paths_name_pool_and_node() {

@@ -11,7 +11,9 @@
 
 pub mod btrfs;
 pub mod claim;
+pub mod deletion;
 pub mod discovery;
+pub mod host;
 pub mod identity;
 pub mod inventory;
 pub mod observe;
@@ -22,6 +24,8 @@ pub mod safety;
 pub mod storage_class;
 pub mod totals;
 pub mod uevent;
+pub mod volume;
+pub mod volumes;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -38,6 +42,13 @@ use tokio::sync::mpsc;
 use inventory::Inventory;
 use observe::{AllowList, Sources};
 use pools::Pools;
+use volumes::Volumes;
+
+/// How soon a pool step that failed on something passing (a busy disk) is retried.
+const RETRY_DELAY: Duration = Duration::from_secs(3);
+
+/// The Node label PV node affinity matches.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 /// Node annotation holding the allow-list pattern when `--device-allow` is not given.
 pub const DEVICE_ALLOW_ANNOTATION: &str = "castellan.io/device-allow";
@@ -127,6 +138,13 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     let owner = node_object.as_ref().and_then(node_owner);
     let inventory = Inventory::new(client.clone(), &node, owner);
     let pools = Pools::new(client.clone(), &node, &args.pool_root);
+    // PV node affinity matches the hostname label, which on real clusters may differ
+    // from the Node's name.
+    let hostname = node_object
+        .as_ref()
+        .and_then(|object| object.labels().get(HOSTNAME_LABEL).cloned())
+        .unwrap_or_else(|| node.clone());
+    let volumes = Volumes::new(client.clone(), &node, &hostname, &args.pool_root);
     let sources = Sources::default();
     tracing::info!(%node, allow = pattern.as_deref().unwrap_or("(every disk)"), rescan_seconds = args.rescan_seconds, "agent starting");
 
@@ -135,10 +153,13 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     let (triggers, mut rescans) = mpsc::channel(1);
     let listener = uevent::Listener::open().context("listening for kernel uevents")?;
     let polling = tokio::spawn(poll_pools(
-        client,
+        client.clone(),
         Duration::from_secs(args.pool_poll_seconds.max(1)),
         triggers.clone(),
     ));
+    let (volume_triggers, mut volume_passes) = mpsc::channel(1);
+    let (retries, mut retry_passes) = mpsc::channel(1);
+    let watching = tokio::spawn(watch_volumes(client, volume_triggers));
     let mut listening = tokio::spawn(listener.run(uevent::Debounce::default(), triggers));
 
     let mut interval = tokio::time::interval(Duration::from_secs(args.rescan_seconds.max(1)));
@@ -149,6 +170,19 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     loop {
         let cause = tokio::select! {
             _ = interval.tick() => "periodic",
+            Some(()) = retry_passes.recv() => "retry",
+            Some(()) = volume_passes.recv() => {
+                // A claim or volume changed: provision, grow or release, and report the
+                // pools again when their allocation changed.
+                match volumes.reconcile().await {
+                    Ok(true) => "volumes",
+                    Ok(false) => continue,
+                    Err(error) => {
+                        tracing::error!(%node, %error, "reconciling volumes failed");
+                        continue;
+                    }
+                }
+            }
             Some(()) = rescans.recv() => "uevent",
             finished = &mut listening => {
                 // Hotplug is what keeps objects current within seconds: without it the
@@ -163,16 +197,33 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         };
-        rescan(&node, &allow, &sources, &inventory, &pools, cause).await;
+        let next = rescan(&node, &allow, &sources, &inventory, &pools, cause).await;
+        if next.look_again {
+            rescan(&node, &allow, &sources, &inventory, &pools, "released").await;
+        }
+        if next.retry_soon {
+            let retry = retries.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(RETRY_DELAY).await;
+                // Full channel: a retry is already due.
+                let _ = retry.try_send(());
+            });
+        }
+        if cause == "periodic"
+            && let Err(error) = volumes.reconcile().await
+        {
+            tracing::error!(%node, %error, "reconciling volumes failed");
+        }
     }
     tracing::info!(%node, "agent stopping");
     listening.abort();
     polling.abort();
+    watching.abort();
     Ok(())
 }
 
 /// One look and one reconcile. Failures are logged and retried by the next trigger:
-/// an API server restart must not kill the agent.
+/// an API server restart must not kill the agent. Returns what the pools ask next.
 async fn rescan(
     node: &str,
     allow: &AllowList,
@@ -180,7 +231,7 @@ async fn rescan(
     inventory: &Inventory,
     pools: &Pools,
     cause: &str,
-) {
+) -> pools::Next {
     let started = Instant::now();
     let (node_name, allow_list, from) = (node.to_string(), allow.clone(), sources.clone());
     let observation =
@@ -190,11 +241,11 @@ async fn rescan(
             Ok(Ok(observation)) => observation,
             Ok(Err(error)) => {
                 tracing::error!(%node, %error, "scanning disks failed");
-                return;
+                return pools::Next::default();
             }
             Err(error) => {
                 tracing::error!(%node, %error, "the disk scan panicked");
-                return;
+                return pools::Next::default();
             }
         };
     for reason in &observation.skipped {
@@ -210,13 +261,18 @@ async fn rescan(
         }
         Err(error) => {
             tracing::error!(%node, %error, "updating BlockDevices failed");
-            return;
+            return pools::Next::default();
         }
     }
-    if let Err(error) = pools.reconcile(&observation.devices).await {
-        tracing::error!(%node, %error, "reconciling pools failed");
-    }
+    let again = match pools.reconcile(&observation.devices).await {
+        Ok(again) => again,
+        Err(error) => {
+            tracing::error!(%node, %error, "reconciling pools failed");
+            pools::Next::default()
+        }
+    };
     tracing::debug!(%node, cause, elapsed_ms = started.elapsed().as_millis() as u64, "pools done");
+    again
 }
 
 /// Triggers a look whenever the set of pools or one's spec changes (its generation),
@@ -249,6 +305,36 @@ async fn poll_pools(client: Client, period: Duration, triggers: mpsc::Sender<()>
                 let _ = triggers.try_send(());
             }
             last = Some(generations);
+        }
+    }
+}
+
+/// Triggers a volume pass on every change of a PersistentVolumeClaim or a
+/// PersistentVolume (a watch: provisioning waits on the scheduler's choice, and a poll
+/// would add its period to every pod start). Bursts coalesce in the one-slot channel.
+async fn watch_volumes(client: Client, triggers: mpsc::Sender<()>) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use kube::runtime::{WatchStreamExt, watcher};
+    // With back-off: an unreachable API server must not make the watch spin.
+    let claims = watcher(
+        Api::<PersistentVolumeClaim>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .map(|event| event.map(drop));
+    let volumes = watcher(
+        Api::<PersistentVolume>::all(client),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .map(|event| event.map(drop));
+    let mut events = std::pin::pin!(futures::stream::select(claims, volumes));
+    while let Some(event) = events.next().await {
+        match event {
+            // Full channel: a pass is already due, which will see the change.
+            Ok(()) => drop(triggers.try_send(())),
+            Err(error) => tracing::warn!(%error, "watching volumes failed; retrying"),
         }
     }
 }

@@ -15,25 +15,30 @@
 //! (`totals`) are applied by whichever agent wrote last, under one field manager,
 //! guarded by the resource version they were computed from.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::sync::Mutex;
 
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
 use castellan_crds::storage_pool::StoragePool;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, ResourceExt};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::btrfs::{self, Show, Usage};
 use super::claim::{self, Candidate};
+use super::deletion;
+use super::host::{self, run};
 use super::inventory::{NODE_LABEL, Observed};
 use super::pool::{self, Blocked, Filesystem, Outcome, Step};
 use super::probe::SignatureKind;
 use super::storage_class;
 use super::totals;
+use super::volume;
 
 /// Field manager of the StorageClass writes (the same on every node: same content).
 pub const CLASS_FIELD_MANAGER: &str = "castellan-agent";
@@ -58,30 +63,66 @@ pub enum PoolsError {
     },
 }
 
+/// What a pass over the pools asks of the agent next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Next {
+    /// Disks were released: look at them again now, so their BlockDevices become
+    /// `Unclaimed` at once.
+    pub look_again: bool,
+    /// Releasing a deleted pool failed on something that passes (a disk still held
+    /// busy): try again in a few seconds rather than at the next periodic look.
+    pub retry_soon: bool,
+}
+
+impl Next {
+    /// Both passes' requests.
+    pub fn and(self, other: Next) -> Next {
+        Next {
+            look_again: self.look_again || other.look_again,
+            retry_soon: self.retry_soon || other.retry_soon,
+        }
+    }
+}
+
+/// Field manager of the `Deleting` condition (the same content from every node).
+pub const DELETION_FIELD_MANAGER: &str = "castellan-agent-deletion";
+/// The condition a pool being deleted carries.
+pub const DELETING_CONDITION: &str = "Deleting";
+
 /// The API side and the command runner of the node's pools.
 pub struct Pools {
     client: Client,
     node: String,
     root: PathBuf,
+    recorder: Recorder,
+    /// Refusals already reported, one Event per reason.
+    reported: Mutex<BTreeSet<(String, String)>>,
 }
 
 impl Pools {
     pub fn new(client: Client, node: &str, root: &Path) -> Self {
+        let reporter = Reporter {
+            controller: "castellan-agent".into(),
+            instance: Some(node.to_string()),
+        };
         Self {
+            recorder: Recorder::new(client.clone(), reporter),
             client,
             node: node.to_string(),
             root: root.to_path_buf(),
+            reported: Mutex::new(BTreeSet::new()),
         }
     }
 
-    /// One pass over every pool, with the devices of the look just written.
-    pub async fn reconcile(&self, observed: &[Observed]) -> Result<(), PoolsError> {
+    /// One pass over every pool, with the devices of the look just written. Returns
+    /// what the caller should do next (see `Next`).
+    pub async fn reconcile(&self, observed: &[Observed]) -> Result<Next, PoolsError> {
         let pools = Api::<StoragePool>::all(self.client.clone())
             .list(&ListParams::default())
             .await
             .map_err(PoolsError::ListPools)?;
         if pools.items.is_empty() {
-            return Ok(());
+            return Ok(Next::default());
         }
         let labels = Api::<Node>::all(self.client.clone())
             .get_opt(&self.node)
@@ -92,7 +133,17 @@ impl Pools {
             })?
             .map(|node| node.labels().clone())
             .unwrap_or_default();
+        let mut again = Next::default();
         for pool in &pools.items {
+            if pool.metadata.deletion_timestamp.is_some() {
+                match self.delete(pool, observed).await {
+                    Ok(next) => again = again.and(next),
+                    Err(error) => {
+                        tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "releasing the deleted pool failed");
+                    }
+                }
+                continue;
+            }
             match claim::selects_node(pool.spec.node_selector.as_ref(), &labels) {
                 Ok(false) => {
                     if let Err(error) = self.leave(pool).await {
@@ -116,7 +167,281 @@ impl Pools {
                 tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "reconciling the pool failed");
             }
         }
-        Ok(())
+        Ok(again)
+    }
+
+    /// This node's part of deleting `pool` (see `deletion`): disks released → look at
+    /// them again; a step failed (a disk still busy) → try again soon.
+    async fn delete(&self, pool: &StoragePool, observed: &[Observed]) -> Result<Next, PoolsError> {
+        let name = pool.name_any();
+        let class = pool.spec.storage_class.name.clone();
+        let volumes = self.pool_volumes(&name).await?;
+        let mount_path = btrfs::mount_path(&self.root, &self.node, &name);
+        let mounted = {
+            let path = mount_path.clone();
+            blocking(true, move || host::is_mount_point(&path)).await
+        };
+        let label = btrfs::label(&name);
+        let members: Vec<deletion::Member> = self
+            .devices()
+            .await?
+            .iter()
+            .filter(|device| {
+                device
+                    .status
+                    .as_ref()
+                    .and_then(|status| status.pool.as_deref())
+                    == Some(name.as_str())
+            })
+            .map(|device| {
+                let seen = observed.iter().find(|o| o.name == device.name_any());
+                deletion::Member {
+                    block_device: device.name_any(),
+                    path: seen.map_or(device.spec.path.clone(), |seen| seen.spec.path.clone()),
+                    attached: seen.is_some(),
+                    carries_label: seen.is_some_and(|seen| {
+                        seen.facts.signatures.iter().any(|signature| {
+                            signature.name == "btrfs"
+                                && signature.label.as_deref() == Some(label.as_str())
+                        })
+                    }),
+                }
+            })
+            .collect();
+        let listed = pool
+            .status
+            .as_ref()
+            .is_some_and(|status| status.nodes.iter().any(|entry| entry.node == self.node));
+        let steps = match deletion::decide(
+            &name,
+            &class,
+            &volumes,
+            mounted.then(|| mount_path.clone()),
+            &members,
+            listed,
+        ) {
+            deletion::Deletion::Blocked(message) => {
+                self.apply_deleting(pool, "VolumesExist", &message).await?;
+                if self.first_report(&pool.uid().unwrap_or_default(), &message) {
+                    tracing::warn!(node = %self.node, pool = %name, %message, "pool deletion blocked");
+                    self.event(pool, EventType::Warning, "DeletionBlocked", message)
+                        .await;
+                }
+                return Ok(Next::default());
+            }
+            deletion::Deletion::Release(steps) => steps,
+        };
+        if !steps.is_empty() {
+            tracing::info!(node = %self.node, pool = %name, ?steps, "releasing the deleted pool");
+            self.apply_deleting(
+                pool,
+                "Releasing",
+                &format!("pool {name} is being released on every node"),
+            )
+            .await?;
+        }
+        for step in &steps {
+            match step {
+                deletion::Step::Unmount(path) => {
+                    let path = path.clone();
+                    let unmounted = blocking(Err("unmounting panicked".to_string()), move || {
+                        run("umount", &[&path.to_string_lossy()]).map(drop)
+                    })
+                    .await;
+                    if let Err(message) = unmounted {
+                        // Busy (a pod still uses a volume): tried again soon.
+                        tracing::error!(node = %self.node, pool = %name, %message, "unmounting the deleted pool failed");
+                        return Ok(Next {
+                            retry_soon: true,
+                            ..Next::default()
+                        });
+                    }
+                }
+                deletion::Step::Wipe(path) => {
+                    let path = path.clone();
+                    let wiped = blocking(Err("wiping panicked".to_string()), move || {
+                        // Forgotten first: the kernel must not keep a stale btrfs member.
+                        let _ = run("btrfs", &["device", "scan", "--forget", &path]);
+                        run("wipefs", &["--all", &path]).map(drop)
+                    })
+                    .await;
+                    if let Err(message) = wiped {
+                        tracing::error!(node = %self.node, pool = %name, %message, "wiping a released disk failed");
+                        return Ok(Next {
+                            retry_soon: true,
+                            ..Next::default()
+                        });
+                    }
+                }
+                deletion::Step::Release(device) => self.release_device(device).await?,
+                deletion::Step::Leave => self.leave(pool).await?,
+            }
+        }
+        let fresh = Api::<StoragePool>::all(self.client.clone())
+            .get_opt(&name)
+            .await
+            .map_err(|source| PoolsError::Apply {
+                what: "the finalizer (reading)",
+                name: format!("StoragePool {name}"),
+                source,
+            })?;
+        if let Some(fresh) = fresh {
+            let entries = fresh.status.as_ref().map_or(0, |status| status.nodes.len());
+            if deletion::finalizer_removable(entries, volumes.len())
+                && fresh.finalizers().iter().any(|f| f == deletion::FINALIZER)
+            {
+                self.set_finalizer(&fresh, false).await?;
+                tracing::info!(node = %self.node, pool = %name, "pool released on every node; finalizer removed");
+            }
+        }
+        Ok(Next {
+            look_again: !steps.is_empty(),
+            ..Next::default()
+        })
+    }
+
+    async fn pool_volumes(&self, pool: &str) -> Result<Vec<String>, PoolsError> {
+        Api::<PersistentVolume>::all(self.client.clone())
+            .list_metadata(&ListParams::default().labels(&format!("{}={pool}", volume::POOL_LABEL)))
+            .await
+            .map(|list| list.items.iter().map(|pv| pv.name_any()).collect())
+            .map_err(|source| PoolsError::Apply {
+                what: "the volumes (listing)",
+                name: format!("StoragePool {pool}"),
+                source,
+            })
+    }
+
+    /// Adds or removes the pool's finalizer, guarded by the resource version read.
+    async fn set_finalizer(&self, pool: &StoragePool, present: bool) -> Result<(), PoolsError> {
+        let mut finalizers: Vec<String> = pool
+            .finalizers()
+            .iter()
+            .filter(|f| *f != deletion::FINALIZER)
+            .cloned()
+            .collect();
+        if present {
+            finalizers.push(deletion::FINALIZER.to_string());
+        }
+        let patch = json!({"metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": pool.resource_version(),
+        }});
+        let name = pool.name_any();
+        match Api::<StoragePool>::all(self.client.clone())
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Another node removed it and the pool is gone: done.
+            Err(kube::Error::Api(status)) if status.code == 404 && !present => Ok(()),
+            // Another node changed the pool meanwhile: the next pass reads it again.
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::info!(node = %self.node, pool = %name, "the pool changed while setting its finalizer; retrying on the next pass");
+                Ok(())
+            }
+            Err(source) => Err(PoolsError::Apply {
+                what: "the finalizer",
+                name: format!("StoragePool {name}"),
+                source,
+            }),
+        }
+    }
+
+    /// The pool-wide `Deleting` condition (same content from every node, one manager).
+    async fn apply_deleting(
+        &self,
+        pool: &StoragePool,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), PoolsError> {
+        let name = pool.name_any();
+        let existing = pool.status.as_ref().and_then(|status| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == DELETING_CONDITION)
+        });
+        if existing.is_some_and(|c| c.reason == reason && c.message == message) {
+            return Ok(());
+        }
+        let since = existing.filter(|c| c.status == "True").map_or_else(
+            || Timestamp::now().to_string(),
+            |c| c.last_transition_time.0.to_string(),
+        );
+        let object = json!({
+            "apiVersion": "castellan.io/v1alpha1",
+            "kind": "StoragePool",
+            "metadata": { "name": name },
+            "status": { "conditions": [{
+                "type": DELETING_CONDITION,
+                "status": "True",
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since,
+                "observedGeneration": pool.metadata.generation,
+            }]},
+        });
+        Api::<StoragePool>::all(self.client.clone())
+            .patch_status(
+                &name,
+                &PatchParams::apply(DELETION_FIELD_MANAGER).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map(drop)
+            .map_err(|source| PoolsError::Apply {
+                what: "the Deleting condition",
+                name: format!("StoragePool {name}"),
+                source,
+            })
+    }
+
+    /// Gives a released disk back to the inventory: applying an empty status under the
+    /// pool pass's field manager drops `state`, `pool` and `message`, and the
+    /// inventory's next look writes `Unclaimed` with what it sees now.
+    async fn release_device(&self, device: &str) -> Result<(), PoolsError> {
+        let object = json!({
+            "apiVersion": "castellan.io/v1alpha1",
+            "kind": "BlockDevice",
+            "metadata": { "name": device },
+            "status": {},
+        });
+        let manager = format!("castellan-agent-pools/{}", self.node);
+        Api::<BlockDevice>::all(self.client.clone())
+            .patch_status(
+                device,
+                &PatchParams::apply(&manager).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map(drop)
+            .map_err(|source| PoolsError::Apply {
+                what: "the status (releasing)",
+                name: format!("BlockDevice {device}"),
+                source,
+            })
+    }
+
+    /// Whether `message` is new for this object (and remembers it).
+    fn first_report(&self, uid: &str, message: &str) -> bool {
+        self.reported
+            .lock()
+            .map(|mut reported| reported.insert((uid.to_string(), message.to_string())))
+            .unwrap_or(true)
+    }
+
+    async fn event(&self, pool: &StoragePool, kind: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_: kind,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Delete".to_string(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &pool.object_ref(&())).await {
+            tracing::warn!(node = %self.node, pool = %pool.name_any(), %error, "publishing an Event failed");
+        }
     }
 
     async fn devices(&self) -> Result<Vec<BlockDevice>, PoolsError> {
@@ -137,6 +462,10 @@ impl Pools {
         devices: &[BlockDevice],
     ) -> Result<(), PoolsError> {
         let name = pool.name_any();
+        if !pool.finalizers().iter().any(|f| f == deletion::FINALIZER) {
+            // Before anything is built: a pool deleted later must be released first.
+            self.set_finalizer(pool, true).await?;
+        }
         let label = btrfs::label(&name);
         let candidates: Vec<Candidate<'_>> = devices
             .iter()
@@ -231,9 +560,9 @@ impl Pools {
                 error = Some(message);
             }
         }
-        let (show, usage) = {
+        let (show, usage, allocated_bytes) = {
             let path = mount_path.clone();
-            blocking((None, None), move || current_filesystem(&path)).await
+            blocking((None, None, 0), move || current_filesystem(&path)).await
         };
         for device in pool::to_mark_in_use(&name, &decision, show.as_ref(), &current) {
             self.apply_device(
@@ -254,7 +583,7 @@ impl Pools {
                 usage: usage.as_ref(),
                 blocked: blocked.as_ref(),
                 error: error.as_deref(),
-                allocated_bytes: 0,
+                allocated_bytes,
             },
         );
         if let Some(Blocked::Shortfall(shortfall)) = &blocked {
@@ -327,7 +656,13 @@ impl Pools {
                 status.free.as_deref(),
                 status.ready_nodes,
                 status.phase.as_deref(),
-                &status.conditions,
+                // Only the conditions the totals own (not `Deleting`).
+                &status
+                    .conditions
+                    .iter()
+                    .filter(|c| c.type_ != DELETING_CONDITION)
+                    .cloned()
+                    .collect::<Vec<_>>(),
                 status.observed_generation,
             );
             let wanted = (
@@ -493,16 +828,8 @@ fn inspect(mount_path: &Path, members: bool) -> Filesystem {
     }
 }
 
-fn is_mount_point(path: &Path) -> bool {
-    Command::new("mountpoint")
-        .arg("-q")
-        .arg(path)
-        .status()
-        .is_ok_and(|status| status.success())
-}
-
 fn mounted_show(mount_path: &Path) -> Option<Show> {
-    if !is_mount_point(mount_path) {
+    if !host::is_mount_point(mount_path) {
         return None;
     }
     let path = mount_path.to_string_lossy();
@@ -511,16 +838,18 @@ fn mounted_show(mount_path: &Path) -> Option<Show> {
         .and_then(|text| btrfs::parse_show(&text))
 }
 
-/// `btrfs filesystem show` and `usage` of the mounted pool, if mounted.
-fn current_filesystem(mount_path: &Path) -> (Option<Show>, Option<Usage>) {
+/// `btrfs filesystem show` and `usage` of the mounted pool, if mounted, and the bytes
+/// allocated to its volumes (the sum of their quotas).
+fn current_filesystem(mount_path: &Path) -> (Option<Show>, Option<Usage>, u64) {
     let Some(show) = mounted_show(mount_path) else {
-        return (None, None);
+        return (None, None, 0);
     };
     let path = mount_path.to_string_lossy();
     let usage = run("btrfs", &["filesystem", "usage", "-b", &path])
         .ok()
         .and_then(|text| btrfs::parse_usage(&text));
-    (Some(show), usage)
+    let allocated = super::volumes::allocated_bytes(mount_path).unwrap_or(0);
+    (Some(show), usage, allocated)
 }
 
 /// Runs the steps in order, stopping at the first failure, whose error is returned.
@@ -536,7 +865,7 @@ fn run_steps(steps: &[Step], mount_path: &Path) -> Result<(), String> {
                 run("mkfs.btrfs", &args)?;
             }
             Step::Mount { devices, degraded } => {
-                std::fs::create_dir_all(mount_path)
+                host::create_dir_all(mount_path)
                     .map_err(|error| format!("creating mount point {mount}: {error}"))?;
                 let mut scan = vec!["device", "scan"];
                 scan.extend(devices.iter().map(String::as_str));
@@ -573,20 +902,29 @@ fn run_steps(steps: &[Step], mount_path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs a command; its stdout, or what was run and how it failed.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|error| format!("running {program} {}: {error}", args.join(" ")))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{program} {} failed ({}): {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_requests_of_several_pools_add_up() {
+        let none = Next::default();
+        let look = Next {
+            look_again: true,
+            ..Next::default()
+        };
+        let retry = Next {
+            retry_soon: true,
+            ..Next::default()
+        };
+        assert_eq!(none.and(none), none);
+        assert_eq!(
+            look.and(retry),
+            Next {
+                look_again: true,
+                retry_soon: true
+            }
+        );
+        assert_eq!(none.and(retry), retry);
     }
 }

@@ -1,7 +1,8 @@
 //! Disks for the agent's end-to-end tests: sparse files that become loop devices, and
-//! the content that makes a disk "not clearly empty" (a filesystem, a partition table).
+//! the content that makes a disk "not clearly empty" (a filesystem, a partition table),
+//! and the guards that detach and unmount them whatever the outcome of a test.
 
-use std::fs::File;
+use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -54,4 +55,90 @@ pub fn write_gpt(path: &Path) {
         sfdisk.wait().expect("waiting for sfdisk").success(),
         "sfdisk failed"
     );
+}
+
+/// Loop devices, detached on drop (after `btrfs device scan --forget`, so the kernel
+/// keeps no stale btrfs member at a path the next user of the loop gets).
+#[derive(Default)]
+pub struct Loops {
+    devices: Vec<(String, bool)>,
+}
+
+impl Loops {
+    pub fn attach(&mut self, file: &Path) -> String {
+        let path = run("losetup", &["--find", "--show", &file.to_string_lossy()])
+            .trim()
+            .to_string();
+        self.devices.push((path.clone(), true));
+        path
+    }
+
+    /// Forgets a device something else detached, so that the guard never detaches
+    /// whoever attached that `/dev/loopN` next.
+    pub fn disown(&mut self, path: &str) {
+        for (device, attached) in &mut self.devices {
+            if device == path {
+                *attached = false;
+            }
+        }
+    }
+
+    pub fn detach(&mut self, path: &str) {
+        for (device, attached) in &mut self.devices {
+            if device == path && *attached {
+                let _ = Command::new("btrfs")
+                    .args(["device", "scan", "--forget", device])
+                    .output();
+                run("losetup", &["--detach", device]);
+                *attached = false;
+            }
+        }
+    }
+}
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for (device, attached) in &self.devices {
+            if *attached {
+                let _ = Command::new("btrfs")
+                    .args(["device", "scan", "--forget", device])
+                    .output();
+                let _ = Command::new("losetup").args(["--detach", device]).status();
+            }
+        }
+    }
+}
+
+/// Mount points under `dir`, from this process's mount table.
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.to_string_lossy().into_owned();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4).map(str::to_string))
+        .filter(|mount| mount.starts_with(&prefix))
+        .collect()
+}
+
+/// Unmounts everything under the pool root on drop (declared after `Loops`, so it
+/// runs before the loop devices are detached).
+pub struct Unmount {
+    pub root: PathBuf,
+}
+
+impl Unmount {
+    pub fn all(&self) {
+        for mount in mounts_under(&self.root).iter().rev() {
+            let status = Command::new("umount").arg(mount).status();
+            if !status.is_ok_and(|s| s.success()) {
+                let _ = Command::new("umount").args(["--lazy", mount]).status();
+            }
+        }
+    }
+}
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        self.all();
+    }
 }

@@ -2,12 +2,14 @@
 //! started, kubectl, and throwaway namespaces.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod agent;
 pub mod cluster;
 pub mod disks;
 pub mod postgres;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -105,4 +107,23 @@ where
     let _ = api
         .delete_collection(&DeleteParams::default(), &Default::default())
         .await;
+}
+
+/// Polls `check` every 200 ms until it returns `Ok`, or fails the test with `what`
+/// and the last thing seen.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) if Instant::now() > deadline => {
+                panic!("{what}: never happened; last: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
 }

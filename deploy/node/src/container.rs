@@ -124,6 +124,7 @@ pub fn bind_mounts(container: &Container, volumes: &VolumePaths) -> anyhow::Resu
             source,
             target,
             read_only: mount.read_only.unwrap_or(false),
+            bidirectional: mount.mount_propagation.as_deref() == Some("Bidirectional"),
         });
     }
     Ok(mounts)

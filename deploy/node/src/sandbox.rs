@@ -10,6 +10,12 @@
 //! them. The one trace left on the host is the empty directory (or file) created as the
 //! mount point when `mountPath` did not exist: a bind mount needs something to cover.
 //!
+//! `mountPropagation: Bidirectional` (what node agents that mount for other pods use,
+//! Castellan's storage agent among them) is honoured: such a volume's source is made a
+//! shared mount on the host (a bind mount onto itself, once) before the namespace is
+//! created, and that mount is left out when everything else is made a slave, so mounts
+//! made under it in the container appear on the host and the other way round.
+//!
 //! This runs before any async runtime or thread exists: `unshare(CLONE_NEWNS)` and the
 //! user change apply to the calling thread only.
 
@@ -23,7 +29,7 @@ use nix::unistd::{Gid, Uid, setgid, setgroups, sethostname, setuid};
 
 #[derive(clap::Args, Debug)]
 pub struct SandboxArgs {
-    /// `SOURCE:TARGET[:ro]`, bind-mounted in order.
+    /// `SOURCE:TARGET[:ro][:rshared]`, bind-mounted in order.
     #[arg(long = "mount")]
     mounts: Vec<String>,
     #[arg(long)]
@@ -49,6 +55,8 @@ pub struct BindMount {
     pub source: PathBuf,
     pub target: PathBuf,
     pub read_only: bool,
+    /// `mountPropagation: Bidirectional`.
+    pub bidirectional: bool,
 }
 
 impl BindMount {
@@ -59,24 +67,32 @@ impl BindMount {
         if self.read_only {
             arg.push_str(":ro");
         }
+        if self.bidirectional {
+            arg.push_str(":rshared");
+        }
         arg
     }
 
     fn parse(arg: &str) -> anyhow::Result<Self> {
         let parts: Vec<&str> = arg.split(':').collect();
-        match parts.as_slice() {
-            [source, target] => Ok(Self {
-                source: source.into(),
-                target: target.into(),
-                read_only: false,
-            }),
-            [source, target, "ro"] => Ok(Self {
-                source: source.into(),
-                target: target.into(),
-                read_only: true,
-            }),
-            _ => bail!("mount {arg:?} is not SOURCE:TARGET[:ro]"),
+        let (source, target, options) = match parts.as_slice() {
+            [source, target, options @ ..] => (source, target, options),
+            _ => bail!("mount {arg:?} is not SOURCE:TARGET[:ro][:rshared]"),
+        };
+        let mut bind = Self {
+            source: source.into(),
+            target: target.into(),
+            read_only: false,
+            bidirectional: false,
+        };
+        for option in options {
+            match *option {
+                "ro" => bind.read_only = true,
+                "rshared" => bind.bidirectional = true,
+                _ => bail!("mount {arg:?} is not SOURCE:TARGET[:ro][:rshared]"),
+            }
         }
+        Ok(bind)
     }
 }
 
@@ -91,17 +107,38 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         sethostname(hostname).with_context(|| format!("setting hostname {hostname:?}"))?;
     }
     if !mounts.is_empty() {
+        let shared: Vec<&Path> = mounts
+            .iter()
+            .filter(|bind| bind.bidirectional)
+            .map(|bind| bind.source.as_path())
+            .collect();
+        for source in &shared {
+            share_on_host(source)?;
+        }
         unshare(CloneFlags::CLONE_NEWNS).context("creating a private mount namespace")?;
         // Without this, mounts made here would propagate back to the host's namespace.
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .context("making / private in the container's mount namespace")?;
+        // Slave rather than private: an unmount on the host still reaches the copy made
+        // here (for mounts under a shared one, such as the storage agent's pools), so a
+        // container started while a pool was mounted does not keep that filesystem, and
+        // its disks, busy after the host let go of it.
+        if shared.is_empty() {
+            mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_SLAVE,
+                None::<&str>,
+            )
+            .context("making / a slave in the container's mount namespace")?;
+        } else {
+            make_slave_except(&shared)?;
+        }
         for bind in &mounts {
+            if bind.bidirectional && bind.source == bind.target {
+                // Already there, shared with the host. Binding it again would stack a
+                // mount on the shared one, and that mount would propagate to the host.
+                continue;
+            }
             bind_mount(bind)?;
         }
     }
@@ -134,6 +171,67 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     // exec only returns on failure.
     let error = command.exec();
     Err(error).with_context(|| format!("starting {program:?}"))
+}
+
+/// Makes `source` a shared mount on the host (still in the host's namespace): a bind
+/// mount onto itself when it is not a mount point yet. Idempotent; the self-bind stays
+/// (`nodes.sh down` removes the ones under the cluster's state directory).
+fn share_on_host(source: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(source)
+        .with_context(|| format!("creating the shared volume {}", source.display()))?;
+    if !mount_points().iter().any(|point| point == source) {
+        mount(
+            Some(source),
+            source,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .with_context(|| format!("bind-mounting {} onto itself", source.display()))?;
+    }
+    mount(
+        None::<&str>,
+        source,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .with_context(|| format!("making {} a shared mount", source.display()))
+}
+
+/// Every mount of the container's namespace a slave, one by one, except the shared
+/// volumes and what is mounted under them (a recursive `MS_SLAVE` on `/` would stop
+/// their mounts from reaching the host).
+fn make_slave_except(shared: &[&Path]) -> anyhow::Result<()> {
+    for point in mount_points() {
+        if shared.iter().any(|source| point.starts_with(source)) {
+            continue;
+        }
+        // A mount that vanished meanwhile is no longer there to leak anything.
+        if let Err(error) = mount(
+            None::<&str>,
+            &point,
+            None::<&str>,
+            MsFlags::MS_SLAVE,
+            None::<&str>,
+        ) && error != nix::errno::Errno::EINVAL
+            && error != nix::errno::Errno::ENOENT
+        {
+            return Err(error).with_context(|| format!("making {} a slave", point.display()));
+        }
+    }
+    Ok(())
+}
+
+/// Mount points of this process's namespace (octal escapes of `mountinfo` decoded for
+/// spaces, the one that matters in paths we make).
+fn mount_points() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|point| PathBuf::from(point.replace("\\040", " ")))
+        .collect()
 }
 
 fn bind_mount(bind: &BindMount) -> anyhow::Result<()> {
@@ -194,8 +292,18 @@ mod tests {
             source: "/state/pods/a/volumes/data".into(),
             target: "/var/lib/data".into(),
             read_only: true,
+            bidirectional: false,
         };
         assert_eq!(BindMount::parse(&bind.to_arg()).ok(), Some(bind));
+        let shared = BindMount {
+            source: "/pools".into(),
+            target: "/pools".into(),
+            read_only: false,
+            bidirectional: true,
+        };
+        assert_eq!(shared.to_arg(), "/pools:/pools:rshared");
+        assert_eq!(BindMount::parse(&shared.to_arg()).ok(), Some(shared));
+        assert!(BindMount::parse("/a:/b:rw").is_err());
         assert!(BindMount::parse("/only-one").is_err());
     }
 }

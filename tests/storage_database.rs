@@ -1,0 +1,235 @@
+//! End-to-end: a three-instance PostgreSQL DatabaseCluster on a StoragePool's
+//! StorageClass becomes Ready, each instance's data in a btrfs subvolume of the pool on
+//! its own node, with a quota of the cluster's storage size. Needs root, the local
+//! cluster in `CASTELLAN_KUBECONFIG` with its three nodes, and PostgreSQL 15.
+//!
+//! The agent runs as the DaemonSet (`deploy/local/agent.sh up`); the operator as a host
+//! process scoped to the test's namespace, as in tests/operator.rs.
+
+mod support;
+
+use support::agent::{agent_up, dev_dir};
+use support::cluster::Operator;
+use support::disks::{Loops, MIB, run, sparse_file};
+use support::{TestNamespace, client, eventually, kubectl, kubectl_ok};
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use castellan_crds::storage_pool::StoragePool;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, ListParams, PostParams};
+
+const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+
+/// Removes the pool and the node label, also when the test fails (declared after the
+/// loop devices and the namespace, so it runs first).
+struct Teardown {
+    loops: Loops,
+    pool: String,
+    dev: PathBuf,
+    namespace: String,
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        // Claims first: a bound volume is not released, and the pool waits for its volumes.
+        let _ = kubectl(&["delete", "namespace", &self.namespace, "--timeout=90s"]);
+        let selector = format!("castellan.io/pool={}", self.pool);
+        let _ = kubectl(&["delete", "pv", "-l", &selector, "--timeout=60s"]);
+        let _ = kubectl(&["delete", "storagepool", &self.pool, "--timeout=60s"]);
+        for node in NODES {
+            let _ = kubectl(&["label", "node", node, "castellan.io/test-database-"]);
+            let mount = self.dev.join("pools").join(node).join(&self.pool);
+            let _ = std::process::Command::new("umount").arg(&mount).status();
+        }
+        // Detached before their objects are deleted, or the agent would report them again.
+        std::mem::take(&mut self.loops);
+        let devices = kubectl(&[
+            "get",
+            "blockdevices",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.identity}{\"\\n\"}{end}",
+        ]);
+        for line in String::from_utf8_lossy(&devices.stdout).lines() {
+            if let Some((name, identity)) = line.split_once(' ')
+                && identity.contains(&format!("/{}.img", self.pool))
+            {
+                let _ = kubectl(&["delete", "blockdevice", name, "--wait=false"]);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
+    let client = client().await;
+    let dev = dev_dir();
+    agent_up(&dev);
+    let pool_name = format!("db-{}", std::process::id());
+    let namespace = TestNamespace::create(&client, "dbpool").await;
+    let ns = namespace.name.clone();
+    let mut teardown = Teardown {
+        loops: Loops::default(),
+        pool: pool_name.clone(),
+        dev: dev.clone(),
+        namespace: ns.clone(),
+    };
+
+    // One 1 GiB disk per node, a `single` pool on the three of them.
+    let mut nodes = Vec::new();
+    for node in NODES {
+        let dir = dev.join("disks").join(node);
+        std::fs::create_dir_all(&dir).expect("creating the node's disk directory");
+        let path =
+            teardown
+                .loops
+                .attach(&sparse_file(&dir, &format!("{pool_name}.img"), 1024 * MIB));
+        nodes.push(serde_json::json!({ "name": node, "paths": [path] }));
+        kubectl_ok(&[
+            "label",
+            "--overwrite",
+            "node",
+            node,
+            "castellan.io/test-database=true",
+        ]);
+    }
+    let pools = Api::<StoragePool>::all(client.clone());
+    let pool: StoragePool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "castellan.io/v1alpha1",
+        "kind": "StoragePool",
+        "metadata": { "name": pool_name },
+        "spec": {
+            "nodeSelector": { "matchLabels": { "castellan.io/test-database": "true" } },
+            "devices": { "nodes": nodes },
+            "layout": "single",
+            "storageClass": { "name": pool_name, "reclaimPolicy": "Delete" },
+        }
+    }))
+    .expect("a StoragePool");
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("creating the pool");
+    eventually(
+        "the pool Ready on 3 nodes",
+        Duration::from_secs(90),
+        || async {
+            let status = pools
+                .get(&pool_name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            match (status.phase.as_deref(), status.ready_nodes) {
+                (Some("Ready"), Some(3)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    let _operator = Operator::start(&ns, "127.0.65.1:8080");
+    let manifest = format!(
+        "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: ledger}}\nspec:\n  \
+         engine: postgresql\n  version: \"15\"\n  replicas: 3\n  \
+         storage: {{size: 512Mi, storageClassName: {pool_name}}}\n  \
+         bootstrap: {{initdb: {{database: ledger, owner: clerk}}}}\n"
+    );
+    let file = std::env::temp_dir().join(format!("ledger-{}.yaml", std::process::id()));
+    std::fs::write(&file, manifest).expect("writing the manifest");
+    let started = Instant::now();
+    kubectl_ok(&["apply", "-n", &ns, "-f", &file.to_string_lossy()]);
+    eventually(
+        "the cluster Ready with 3 instances",
+        Duration::from_secs(240),
+        || async {
+            let out = kubectl(&[
+                "get",
+                "dbc",
+                "ledger",
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.status.phase}/{.status.readyInstances}",
+            ]);
+            let state = String::from_utf8_lossy(&out.stdout).into_owned();
+            if state == "Ready/3" {
+                Ok(())
+            } else {
+                let pods = kubectl(&["get", "pods,pvc", "-n", &ns, "-o", "wide"]);
+                Err(format!(
+                    "{state}\n{}",
+                    String::from_utf8_lossy(&pods.stdout)
+                ))
+            }
+        },
+    )
+    .await;
+    println!(
+        "kubectl apply → Ready (3 instances on pool volumes): {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Every instance's claim is a subvolume of the pool on its pod's node, with a
+    // 512 MiB quota, holding a PostgreSQL data directory.
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .expect("listing the claims");
+    assert_eq!(claims.items.len(), 3, "one claim per instance");
+    let volumes = Api::<PersistentVolume>::all(client.clone());
+    let mut seen_nodes = Vec::new();
+    for claim in &claims.items {
+        let pv_name = claim
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.volume_name.clone())
+            .expect("the claim is bound");
+        let pv = volumes.get(&pv_name).await.expect("reading the PV");
+        let node = pv
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get("castellan.io/node").cloned())
+            .expect("the PV names its node");
+        let path = PathBuf::from(&pv.spec.expect("a PV spec").local.expect("a local PV").path);
+        assert_eq!(
+            path,
+            dev.join("pools")
+                .join(&node)
+                .join(&pool_name)
+                .join("volumes")
+                .join(&pv_name)
+        );
+        let found = run(
+            "find",
+            &[
+                &path.to_string_lossy(),
+                "-maxdepth",
+                "3",
+                "-name",
+                "PG_VERSION",
+            ],
+        );
+        assert!(
+            !found.trim().is_empty(),
+            "no PostgreSQL data directory in {}",
+            path.display()
+        );
+        let quota = run(
+            "btrfs",
+            &["qgroup", "show", "-re", "--raw", &path.to_string_lossy()],
+        );
+        assert!(
+            quota.contains(&(512 * MIB).to_string()),
+            "no 512 MiB quota on {}: {quota}",
+            path.display()
+        );
+        seen_nodes.push(node);
+    }
+    seen_nodes.sort();
+    assert_eq!(seen_nodes, NODES, "one instance per node");
+    kubectl_ok(&["delete", "dbc", "ledger", "-n", &ns, "--timeout=120s"]);
+    let _ = kubectl(&["delete", "pvc", "--all", "-n", &ns, "--timeout=60s"]);
+}
