@@ -83,6 +83,7 @@ spec:
 # (with empty directories) between rounds.
 reset_volumes() { # count
   "${k[@]}" delete pv --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  [[ -z "$("${k[@]}" get pv -o name 2>/dev/null)" ]] || die "old volumes are still there: $("${k[@]}" get pv 2>&1)"
   rm -rf "$dev/volumes"
   volumes "$1"
 }
@@ -124,8 +125,9 @@ apply_to_ready() { # name replicas
   done
   end=$(date +%s.%N)
   "${k[@]}" delete dbc "$1" -n "$ns" --wait=true --timeout=120s >/dev/null
-  # Owned pods go through the garbage collector: wait until they are gone.
-  until [[ -z "$("${k[@]}" get pods -n "$ns" -o name 2>/dev/null)" ]]; do sleep 0.5; done
+  # Owned pods and claims go through the garbage collector: wait until they are gone,
+  # or a claim of this round could bind a volume made for the next.
+  until [[ -z "$("${k[@]}" get pods,pvc -n "$ns" -o name 2>/dev/null)" ]]; do sleep 0.5; done
   awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f\n", b - a }'
 }
 
