@@ -5,6 +5,7 @@
 
 mod support;
 
+use support::eventually;
 use support::postgres::{connect, postgres_ids};
 
 use std::os::unix::fs::PermissionsExt;
@@ -258,18 +259,6 @@ fn curl(args: &[&str]) -> (u16, Value) {
     )
 }
 
-async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn primary_and_replica_stream_report_and_promote() {
     let scratch = Scratch::new("inst");
@@ -342,12 +331,17 @@ async fn primary_and_replica_stream_report_and_promote() {
         || async {
             let (_, status) = primary.get("/status");
             let (_, replica_status) = replica.get("/status");
-            status["standbys"][0]["name"] == "it-2"
+            let streaming = status["standbys"][0]["name"] == "it-2"
                 && status["standbys"][0]["state"] == "streaming"
                 && replica_status["streaming"] == true
                 && replica_status["lagSeconds"]
                     .as_f64()
-                    .is_some_and(|lag| lag < 5.0)
+                    .is_some_and(|lag| lag < 5.0);
+            if streaming {
+                Ok(())
+            } else {
+                Err(format!("primary: {status}; replica: {replica_status}"))
+            }
         },
     )
     .await;
@@ -369,7 +363,14 @@ async fn primary_and_replica_stream_report_and_promote() {
     eventually(
         "the standby is a quorum member",
         Duration::from_secs(10),
-        || async { primary.get("/status").1["standbys"][0]["syncState"] == "quorum" },
+        || async {
+            let status = primary.get("/status").1;
+            if status["standbys"][0]["syncState"] == "quorum" {
+                Ok(())
+            } else {
+                Err(status.to_string())
+            }
+        },
     )
     .await;
     sqlx::query("set synchronous_commit = remote_apply")
