@@ -151,6 +151,17 @@ async fn a_cluster_creation_is_one_trace_across_operator_and_instance() {
         || describe(&ns, &logs),
     );
 
+    // Status shows the instance's LSN once the instance's actor has read it, so the
+    // cluster's actor knows the parameters the instance runs with.
+    wait_for(
+        "status shows the instance's LSN",
+        Duration::from_secs(60),
+        || {
+            !support::cluster::jsonpath("dbc", "traced", &ns, "{.status.instances[0].lsn}")
+                .is_empty()
+        },
+        || describe(&ns, &logs),
+    );
     // A spec change: reconcile hands it to the cluster's actor, which has each
     // instance's actor reload it at once, within the same trace.
     support::kubectl_ok(&[
