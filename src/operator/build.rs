@@ -268,16 +268,30 @@ pub fn volume_claim(cluster: &DatabaseCluster, n: u32) -> PersistentVolumeClaim 
 /// standbys, with `n` capped by how many exist so that writes are not blocked forever
 /// waiting for a replica that was never created.
 pub fn synchronous_standby_names(cluster: &DatabaseCluster, standbys: &[String]) -> String {
-    let Some(replication) = &cluster.spec.replication else {
+    let Some(replication) = cluster
+        .spec
+        .replication
+        .as_ref()
+        .filter(|_| synchronous(cluster))
+    else {
         return String::new();
     };
-    if replication.mode != ReplicationMode::Sync || standbys.is_empty() {
+    if standbys.is_empty() {
         return String::new();
     }
     let wanted = usize::try_from(replication.sync_replicas.unwrap_or(1).max(1)).unwrap_or(1);
     let quorum = wanted.min(standbys.len());
     let names: Vec<String> = standbys.iter().map(|s| format!("\"{s}\"")).collect();
     format!("ANY {quorum} ({})", names.join(", "))
+}
+
+/// Whether the spec asks for synchronous replication.
+pub fn synchronous(cluster: &DatabaseCluster) -> bool {
+    cluster
+        .spec
+        .replication
+        .as_ref()
+        .is_some_and(|r| r.mode == ReplicationMode::Sync)
 }
 
 /// The role an instance's pod is created in.

@@ -342,7 +342,7 @@ fn removable(state: &ClusterState, cluster: &DatabaseCluster) -> Vec<String> {
         .and_then(|(name, _)| state.views.get(name))
         .filter(|view| view.reachable)
         .map(|view| view.sync_names.as_str());
-    let synchronous = !build::synchronous_standby_names(cluster, &["x".to_owned()]).is_empty();
+    let synchronous = build::synchronous(cluster);
     state
         .members
         .iter()

@@ -70,7 +70,11 @@ impl Shared {
     /// Records a Kubernetes Event on the cluster. An Event that cannot be written is
     /// logged, never fatal.
     pub async fn record(&self, cluster: &DatabaseCluster, note: Note) {
-        let reference = object_reference(cluster);
+        self.record_at(&object_reference(cluster), note).await;
+    }
+
+    /// [`Shared::record`] by the cluster's reference, which the cluster's actor keeps.
+    pub async fn record_at(&self, reference: &ObjectReference, note: Note) {
         let event = events::Event {
             type_: if note.warning {
                 EventType::Warning
@@ -84,12 +88,12 @@ impl Shared {
                 api_version: Some("v1".into()),
                 kind: Some("Pod".into()),
                 name: Some(pod.clone()),
-                namespace: cluster.namespace(),
+                namespace: reference.namespace.clone(),
                 ..ObjectReference::default()
             }),
         };
-        if let Err(error) = self.recorder.publish(&event, &reference).await {
-            tracing::warn!(cluster = %cluster.name_any(), reason = note.reason, %error, "could not record an Event");
+        if let Err(error) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(cluster = ?reference.name, reason = note.reason, %error, "could not record an Event");
         }
     }
 }
@@ -124,11 +128,8 @@ pub fn cluster_spec(
         initial: ClusterState::default(),
         effects: ClusterEffects {
             shared: shared.clone(),
-            key: format!(
-                "{}/{}",
-                cluster.namespace().unwrap_or_default(),
-                cluster.name_any()
-            ),
+            key: super::reconcile::key(cluster),
+            reference: object_reference(cluster),
             replicas: None,
             tracked: BTreeSet::new(),
         },
@@ -141,6 +142,8 @@ pub struct ClusterEffects {
     shared: Arc<Shared>,
     /// `namespace/name` of the cluster.
     key: String,
+    /// Where its Events go (no read of the cluster per Event).
+    reference: ObjectReference,
     /// This incarnation's supervisor of `ReplicaActor`s; made on first use, so each
     /// incarnation has its own and its replicas stop with it.
     replicas: Option<Addr<Supervisor<ReplicaActor>>>,
@@ -261,21 +264,10 @@ impl Effects<ClusterMachine> for ClusterEffects {
             }
             ClusterEffect::Record(note) => {
                 let shared = self.shared.clone();
-                let key = self.key.clone();
+                let reference = self.reference.clone();
                 let span = tracing::info_span!("record event", reason = note.reason);
                 self.spawn_io(span, async move {
-                    let Some((namespace, name)) = key.split_once('/') else {
-                        return;
-                    };
-                    let clusters: kube::Api<DatabaseCluster> =
-                        kube::Api::namespaced(shared.client.clone(), namespace);
-                    match clusters.get_opt(name).await {
-                        Ok(Some(cluster)) => shared.record(&cluster, note).await,
-                        Ok(None) => {}
-                        Err(error) => {
-                            tracing::warn!(%error, "could not read the cluster to record an Event")
-                        }
-                    }
+                    shared.record_at(&reference, note).await;
                 });
             }
             ClusterEffect::RetryAfter(delay) => {
