@@ -8,10 +8,11 @@ mod support;
 use support::postgres::connect;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::cluster::{LocalVolumes, Operator, http_get, jsonpath, wait_for};
+use support::cluster::{
+    LocalVolumes, Operator, apply_cluster, describe, http_get, jsonpath, secret_value, wait_for,
+};
 use support::{TestNamespace, client, kubectl, kubectl_ok};
 
 /// Where the test's two operators serve /healthz, /readyz and /metrics (also their
@@ -30,44 +31,11 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         Operator::start(&ns, METRICS_ADDRESSES[1]),
     ];
     let logs: Vec<PathBuf> = operators.iter().map(|o| o.log.clone()).collect();
-    let operator_log = || {
-        logs.iter()
-            .map(|log| std::fs::read_to_string(log).unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n----\n")
-    };
-
-    let manifest = std::env::temp_dir().join(format!("dbc-{}.yaml", std::process::id()));
-    std::fs::write(
-        &manifest,
-        format!(
-            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: shop}}\nspec:\n  \
-             engine: postgresql\n  version: \"15\"\n  replicas: 2\n  \
-             storage: {{size: 1Gi, storageClassName: {}}}\n  \
-             bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n",
-            volumes.class
-        ),
-    )
-    .expect("writing the manifest");
+    let operator_log = || Operator::logs(&logs);
     let started = Instant::now();
-    kubectl_ok(&[
-        "apply",
-        "-f",
-        manifest.to_str().expect("utf-8 path"),
-        "-n",
-        &ns,
-    ]);
+    apply_cluster(&ns, "shop", 2, &volumes.class, "");
 
-    let diagnostics = || {
-        format!(
-            "{}\n{}\n{}",
-            String::from_utf8_lossy(
-                &kubectl(&["get", "dbc,pods,pvc,svc", "-n", &ns, "-o", "wide"]).stdout
-            ),
-            String::from_utf8_lossy(&kubectl(&["get", "events", "-n", &ns]).stdout),
-            operator_log()
-        )
-    };
+    let diagnostics = || describe(&ns, &logs);
     wait_for(
         "the cluster is Ready with 2 ready instances",
         Duration::from_secs(180),
@@ -111,24 +79,7 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     assert_ne!(nodes[0], nodes[1], "instances spread across nodes");
 
     // The application's credentials, ready to use.
-    let secret = |key: &str| {
-        let encoded = jsonpath("secret", "shop-app", &ns, &format!("{{.data.{key}}}"));
-        let out = Command::new("base64")
-            .arg("-d")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .and_then(|mut child| {
-                use std::io::Write;
-                child
-                    .stdin
-                    .take()
-                    .expect("stdin")
-                    .write_all(encoded.as_bytes())?;
-                child.wait_with_output()
-            });
-        String::from_utf8_lossy(&out.expect("decoding a secret").stdout).into_owned()
-    };
+    let secret = |key: &str| secret_value(&ns, "shop-app", key);
     let password = secret("password");
     assert!(
         secret("uri").starts_with("postgresql://clerk:"),
