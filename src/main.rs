@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod instance;
+mod instance_api;
 mod operator;
 mod telemetry;
 

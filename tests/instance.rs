@@ -1,7 +1,10 @@
 //! The instance manager against real PostgreSQL servers: a primary made by initdb and a
 //! replica made by a base backup, streaming; status, sync quorum, parameter reloads
-//! and restarts, heartbeat lag, promotion. Runs `castellan instance` as the `postgres`
-//! user (PostgreSQL refuses root) on loopback addresses of its own.
+//! and restarts, heartbeat lag, promotion and demotion with pg_rewind; the primary
+//! lease (no server without it, stopped when it ends), fencing, and an empty volume
+//! that is never initialised again. Runs `castellan instance` as the `postgres` user
+//! (PostgreSQL refuses root) on loopback addresses of its own, playing the operator's
+//! part (lease renewals, promotion, demotion) itself.
 
 mod support;
 
@@ -12,7 +15,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use sqlx::ConnectOptions;
@@ -89,6 +94,25 @@ impl Instance {
         Self::start_with(scratch, name, address, replica_of, "{}")
     }
 
+    /// Starts on an empty volume as a primary that may not run initdb (a cluster that
+    /// already had data), following `upstream` once demoted.
+    fn start_without_initdb(scratch: &Scratch, name: &str, address: &str, upstream: &str) -> Self {
+        Self::launch(
+            scratch,
+            name,
+            address,
+            "{}",
+            &[
+                "--role",
+                "primary",
+                "--allow-initdb",
+                "false",
+                "--upstream-host",
+                upstream,
+            ],
+        )
+    }
+
     /// Starts with the cluster's server parameters, as the operator passes them.
     fn start_with(
         scratch: &Scratch,
@@ -96,6 +120,31 @@ impl Instance {
         address: &str,
         replica_of: Option<&str>,
         parameters: &str,
+    ) -> Self {
+        match replica_of {
+            Some(primary) => Self::launch(
+                scratch,
+                name,
+                address,
+                parameters,
+                &["--role", "replica", "--upstream-host", primary],
+            ),
+            None => Self::launch(
+                scratch,
+                name,
+                address,
+                parameters,
+                &["--role", "primary", "--allow-initdb", "true"],
+            ),
+        }
+    }
+
+    fn launch(
+        scratch: &Scratch,
+        name: &str,
+        address: &str,
+        parameters: &str,
+        role_args: &[&str],
     ) -> Self {
         let (uid, gid) = postgres_ids();
         let dir = scratch.0.join(name);
@@ -141,10 +190,7 @@ impl Instance {
             .uid(uid)
             .gid(gid)
             .process_group(0);
-        match replica_of {
-            Some(primary) => command.args(["--role", "replica", "--upstream-host", primary]),
-            None => command.args(["--role", "primary"]),
-        };
+        command.args(role_args);
         let child = command.spawn().expect("starting castellan instance");
         Self {
             name: name.to_owned(),
@@ -180,6 +226,32 @@ impl Instance {
             body,
             &self.url(path),
         ])
+    }
+
+    /// Renews this instance's primary lease every second, as the operator does, until
+    /// the returned keeper is dropped.
+    fn keep_lease(&self) -> LeaseKeeper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let url = self.url("/lease");
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let _ = curl(&[
+                    "-s",
+                    "-w",
+                    "\n%{http_code}",
+                    "-X",
+                    "POST",
+                    "-H",
+                    "content-type: application/json",
+                    "-d",
+                    &lease(4000),
+                    &url,
+                ]);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        LeaseKeeper(stop)
     }
 
     fn wait_ready(&self, timeout: Duration) -> Value {
@@ -244,6 +316,27 @@ impl Drop for Instance {
     }
 }
 
+/// Stops renewing a lease when dropped.
+struct LeaseKeeper(Arc<AtomicBool>);
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A lease grant of `millis` from now, as JSON.
+fn lease(millis: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    format!(
+        r#"{{"validUntilMs": {}, "durationMs": {millis}}}"#,
+        now + millis
+    )
+}
+
 fn curl(args: &[&str]) -> (u16, Value) {
     let out = Command::new("curl")
         .args(["--max-time", "10"])
@@ -263,11 +356,32 @@ fn curl(args: &[&str]) -> (u16, Value) {
 async fn primary_and_replica_stream_report_and_promote() {
     let scratch = Scratch::new("inst");
     let primary = Instance::start(&scratch, "it-1", "127.0.50.1", None);
+    // Without a lease the primary's server does not start.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, status) = primary.get("/status");
+        if status["role"] == "primary" {
+            assert_eq!(
+                status["ready"], false,
+                "no server without a lease: {status}"
+            );
+            assert!(status.get("server").is_none(), "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "initdb within 60s:\n{}",
+            primary.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let primary_lease = primary.keep_lease();
     let body = primary.wait_ready(Duration::from_secs(60));
     assert_eq!(body["role"], "primary", "{body}");
-    assert_eq!(body["inRecovery"], false);
+    assert_eq!(body["server"]["inRecovery"], false);
+    assert!(body["leaseRemainingMs"].as_u64().is_some(), "{body}");
     assert!(
-        body["serverVersion"]
+        body["server"]["serverVersion"]
             .as_str()
             .unwrap_or_default()
             .starts_with("15"),
@@ -304,7 +418,7 @@ async fn primary_and_replica_stream_report_and_promote() {
     let mut replica = Instance::start(&scratch, "it-2", "127.0.50.2", Some("127.0.50.1"));
     let body = replica.wait_ready(Duration::from_secs(60));
     assert_eq!(body["role"], "replica", "{body}");
-    assert_eq!(body["inRecovery"], true);
+    assert_eq!(body["server"]["inRecovery"], true);
 
     // Rows written before and after the base backup arrive on the replica.
     sqlx::query("insert into orders values (2, 'after the replica')")
@@ -331,10 +445,10 @@ async fn primary_and_replica_stream_report_and_promote() {
         || async {
             let (_, status) = primary.get("/status");
             let (_, replica_status) = replica.get("/status");
-            let streaming = status["standbys"][0]["name"] == "it-2"
-                && status["standbys"][0]["state"] == "streaming"
-                && replica_status["streaming"] == true
-                && replica_status["lagSeconds"]
+            let streaming = status["server"]["standbys"][0]["name"] == "it-2"
+                && status["server"]["standbys"][0]["state"] == "streaming"
+                && replica_status["server"]["streaming"] == true
+                && replica_status["server"]["lagSeconds"]
                     .as_f64()
                     .is_some_and(|lag| lag < 5.0);
             if streaming {
@@ -365,7 +479,7 @@ async fn primary_and_replica_stream_report_and_promote() {
         Duration::from_secs(10),
         || async {
             let status = primary.get("/status").1;
-            if status["standbys"][0]["syncState"] == "quorum" {
+            if status["server"]["standbys"][0]["syncState"] == "quorum" {
                 Ok(())
             } else {
                 Err(status.to_string())
@@ -431,28 +545,39 @@ async fn primary_and_replica_stream_report_and_promote() {
     assert_eq!(max_connections, "150");
     drop(fresh);
 
-    // Promotion: the old primary stops first (as a fence would), then the replica is
-    // promoted, moves to a new timeline and takes writes.
+    // Promotion: the old primary stops first (its lease ends), then the replica is
+    // promoted with a lease of its own, moves to a new timeline and takes writes.
     drop(app);
     drop(superuser);
-    let timeline_before = replica.get("/status").1["timeline"]
+    let timeline_before = replica.get("/status").1["server"]["timeline"]
         .as_i64()
         .unwrap_or_default();
     let mut primary = primary;
+    drop(primary_lease);
     assert!(
         primary.terminate().success(),
         "SIGTERM stops the manager cleanly:\n{}",
         primary.log()
     );
-    let (code, promoted) = replica.post("/promote", "{}");
+    let (code, promoted) = replica.post(
+        "/promote",
+        &format!(r#"{{"lease": {}, "slots": ["it-1"]}}"#, lease(4000)),
+    );
     assert_eq!(code, 200, "{promoted}");
-    assert_eq!(promoted["role"], "primary");
+    assert_eq!(promoted["changed"], true);
+    let replica_lease = replica.keep_lease();
     let body = replica.wait_ready(Duration::from_secs(30));
     assert_eq!(body["role"], "primary");
-    assert_eq!(body["inRecovery"], false);
+    assert_eq!(body["server"]["inRecovery"], false);
     assert!(
-        body["timeline"].as_i64().unwrap_or_default() > timeline_before,
+        body["server"]["timeline"].as_i64().unwrap_or_default() > timeline_before,
         "promotion starts a new timeline: {body}"
+    );
+    assert!(
+        body["server"]["slots"]
+            .as_array()
+            .is_some_and(|slots| slots.iter().any(|s| s["name"] == "castellan_it_1")),
+        "the promoted primary keeps a slot for the instance that will follow it: {body}"
     );
     let mut app = connect("127.0.50.2", "shop", APP_PASSWORD, "shop").await;
     sqlx::query("insert into orders values (4, 'after failover')")
@@ -465,8 +590,9 @@ async fn primary_and_replica_stream_report_and_promote() {
         .expect("count");
     assert_eq!(count, 4, "no acknowledged row was lost");
     drop(app);
-    // The former primary returns as a replica of the new one: pg_rewind puts it on the
-    // new timeline and it receives what was written after the failover.
+    // The former primary returns holding primary data: it waits for a lease it never
+    // gets, and runs no server. Demoted, it is rewound onto the new timeline and
+    // receives what was written after the failover.
     let old_primary_log = primary.log();
     drop(primary);
     let rejoined = Instance::start_with(
@@ -476,6 +602,24 @@ async fn primary_and_replica_stream_report_and_promote() {
         Some("127.0.50.2"),
         r#"{"work_mem": "8MB", "max_connections": "150"}"#,
     );
+    eventually(
+        "the former primary waits for a lease",
+        Duration::from_secs(30),
+        || async {
+            let (_, status) = rejoined.get("/status");
+            if status["role"] == "primary"
+                && status["ready"] == false
+                && status.get("server").is_none()
+            {
+                Ok(())
+            } else {
+                Err(status.to_string())
+            }
+        },
+    )
+    .await;
+    let (code, demoted) = rejoined.post("/demote", "{}");
+    assert_eq!(code, 200, "{demoted}");
     let body = rejoined.wait_ready(Duration::from_secs(60));
     assert_eq!(body["role"], "replica", "{body}");
     assert!(
@@ -511,5 +655,152 @@ async fn primary_and_replica_stream_report_and_promote() {
         !secrets_logged,
         "no password appears in the instance managers' logs"
     );
+    drop(replica_lease);
     assert!(replica.terminate().success());
+}
+
+/// The lease: a primary whose lease is not renewed stops its server within the lease
+/// (closing open sessions), and starts again when it is renewed; a grant that arrives
+/// after its end grants nothing; fencing stops a server and keeps it stopped across a
+/// restart of the manager.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_primary_stops_when_its_lease_ends_and_fencing_holds() {
+    let scratch = Scratch::new("lease");
+    let primary = Instance::start(&scratch, "ls-1", "127.0.51.1", None);
+    let keeper = primary.keep_lease();
+    primary.wait_ready(Duration::from_secs(60));
+    let mut session = connect("127.0.51.1", "shop", APP_PASSWORD, "shop").await;
+    sqlx::query("create table t (id int)")
+        .execute(&mut session)
+        .await
+        .expect("writes while the lease is held");
+
+    // A stale grant is refused.
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let (code, body) = primary.post(
+        "/lease",
+        &format!(r#"{{"validUntilMs": {}, "durationMs": 4000}}"#, now - 1000),
+    );
+    assert_eq!(code, 409, "{body}");
+
+    // Renewals stop: within the lease (4 s) and a margin the server is down and the
+    // open session is gone.
+    drop(keeper);
+    let stopped_by = Instant::now() + Duration::from_secs(6);
+    eventually(
+        "the server stops when the lease ends",
+        Duration::from_secs(8),
+        || async {
+            let (code, status) = primary.get("/readyz");
+            if code == 503 && status.get("server").is_none() {
+                Ok(())
+            } else {
+                Err(status.to_string())
+            }
+        },
+    )
+    .await;
+    assert!(
+        Instant::now() <= stopped_by,
+        "stopped within the lease and a margin"
+    );
+    assert!(
+        sqlx::query("insert into t values (1)")
+            .execute(&mut session)
+            .await
+            .is_err(),
+        "a session open before the lease ended can write no more"
+    );
+    assert!(primary.log().contains("lease ran out"), "{}", primary.log());
+
+    // Renewed, it runs again.
+    let keeper = primary.keep_lease();
+    primary.wait_ready(Duration::from_secs(30));
+
+    // Fenced: stopped, and still stopped after the manager restarts.
+    let (code, fenced) = primary.post("/fence", r#"{"fenced": true}"#);
+    assert_eq!(code, 200, "{fenced}");
+    assert!(fenced["checkpointLsn"].as_str().is_some(), "{fenced}");
+    let (code, status) = primary.get("/readyz");
+    assert_eq!(code, 503);
+    assert_eq!(status["fenced"], true, "{status}");
+    let mut primary = primary;
+    assert!(primary.terminate().success());
+    drop(primary);
+    let primary = Instance::start(&scratch, "ls-1", "127.0.51.1", None);
+    let _keeper2 = primary.keep_lease();
+    eventually(
+        "fencing survives a restart",
+        Duration::from_secs(30),
+        || async {
+            let (_, status) = primary.get("/status");
+            if status["fenced"] == true && status["role"] == "primary" {
+                Ok(())
+            } else {
+                Err(status.to_string())
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        primary.get("/readyz").0,
+        503,
+        "a fenced primary does not start, lease or not"
+    );
+    let (code, _) = primary.post("/fence", r#"{"fenced": false}"#);
+    assert_eq!(code, 200);
+    primary.wait_ready(Duration::from_secs(30));
+    drop(keeper);
+}
+
+/// A primary's volume that lost its data is never initialised again: the instance
+/// waits and says why, and once demoted it is filled from the current primary.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_volume_is_filled_from_the_primary_never_initialised() {
+    let scratch = Scratch::new("empty");
+    let primary = Instance::start(&scratch, "ev-1", "127.0.52.1", None);
+    let _keeper = primary.keep_lease();
+    primary.wait_ready(Duration::from_secs(60));
+    let mut app = connect("127.0.52.1", "shop", APP_PASSWORD, "shop").await;
+    sqlx::raw_sql("create table kept (id int); insert into kept values (42)")
+        .execute(&mut app)
+        .await
+        .expect("writing");
+
+    let lost = Instance::start_without_initdb(&scratch, "ev-2", "127.0.52.2", "127.0.52.1");
+    eventually(
+        "the empty volume waits with a reason",
+        Duration::from_secs(30),
+        || async {
+            let (_, status) = lost.get("/status");
+            let problem = status["problem"].as_str().unwrap_or_default();
+            if problem.contains("never had data") && status["ready"] == false {
+                Ok(())
+            } else {
+                Err(status.to_string())
+            }
+        },
+    )
+    .await;
+    assert!(
+        !lost.data_dir.join("PG_VERSION").exists(),
+        "nothing was initialised on the empty volume"
+    );
+    let (code, demoted) = lost.post("/demote", "{}");
+    assert_eq!(code, 200, "{demoted}");
+    let body = lost.wait_ready(Duration::from_secs(60));
+    assert_eq!(body["role"], "replica", "{body}");
+    let mut on_lost = connect("127.0.52.2", "shop", APP_PASSWORD, "shop").await;
+    let kept: i64 = sqlx::query_scalar("select count(*) from kept where id = 42")
+        .fetch_one(&mut on_lost)
+        .await
+        .expect("reading the copied data");
+    assert_eq!(
+        kept, 1,
+        "the volume holds the primary's data, not an empty database"
+    );
 }

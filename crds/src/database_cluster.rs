@@ -17,7 +17,7 @@ pub const SUPPORTED_POSTGRESQL_VERSIONS: [&str; 4] = ["15", "16", "17", "18"];
 /// Server parameters Castellan must own: where the server listens, how it replicates
 /// and archives, where its files are. Letting a user set them would break failover,
 /// backups or the instance manager's control of the server, so admission refuses them.
-pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 30] = [
+pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 32] = [
     "archive_cleanup_command",
     "archive_command",
     "archive_library",
@@ -33,6 +33,7 @@ pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 30] = [
     "ident_file",
     "listen_addresses",
     "max_replication_slots",
+    "max_slot_wal_keep_size",
     "max_wal_senders",
     "port",
     "primary_conninfo",
@@ -47,6 +48,7 @@ pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 30] = [
     "unix_socket_directories",
     "wal_level",
     "wal_log_hints",
+    "wal_retrieve_retry_interval",
     "wal_sender_timeout",
 ];
 
@@ -84,6 +86,7 @@ pub const MAX_NAME_LENGTH: usize = 50;
     validation = Rule::new("!(self.version in ['15', '16', '17', '18']) || !(oldSelf.version in ['15', '16', '17', '18']) || int(self.version) >= int(oldSelf.version)").message(Message::Expression("'version cannot be lowered from ' + oldSelf.version + ' to ' + self.version + ': downgrading a database in place is not possible; restore a backup into a new cluster instead'".into())).reason(Reason::FieldValueForbidden).field_path(".version"),
     validation = Rule::new("!has(self.replication) || self.replication.mode != 'sync' || (has(self.replication.syncReplicas) && self.replication.syncReplicas < self.replicas)").message("with replication.mode sync, replication.syncReplicas is required and must be fewer than replicas: each synchronous standby is one of the replicas other than the primary").field_path(".replication.syncReplicas"),
     validation = Rule::new("!has(self.replication) || self.replication.mode == 'sync' || !has(self.replication.syncReplicas)").message("replication.syncReplicas only applies with replication.mode sync").field_path(".replication.syncReplicas"),
+    validation = Rule::new("!has(self.replication) || self.replication.mode == 'sync' || !has(self.replication.dataDurability)").message("replication.dataDurability only applies with replication.mode sync").field_path(".replication.dataDurability"),
     validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap cannot be changed after the cluster is created: it only says how the first instance was made").reason(Reason::FieldValueForbidden).field_path(".bootstrap"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -113,7 +116,7 @@ pub struct DatabaseClusterSpec {
     /// (ports, listen addresses, replication and archiving) are refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 128, "additionalProperties" = {"type": "string", "maxLength": 1024}))]
-    #[x_kube(validation = Rule::new("self.all(name, !(name.lowerAscii() in ['archive_cleanup_command', 'archive_command', 'archive_library', 'archive_mode', 'archive_timeout', 'cluster_name', 'config_file', 'data_directory', 'external_pid_file', 'full_page_writes', 'hba_file', 'hot_standby', 'ident_file', 'listen_addresses', 'max_replication_slots', 'max_wal_senders', 'port', 'primary_conninfo', 'primary_slot_name', 'promote_trigger_file', 'recovery_target', 'recovery_target_lsn', 'recovery_target_time', 'restore_command', 'ssl', 'synchronous_standby_names', 'unix_socket_directories', 'wal_level', 'wal_log_hints', 'wal_sender_timeout']))").message("parameters cannot set what Castellan manages: archive_*, cluster_name, config_file, data_directory, external_pid_file, full_page_writes, hba_file, hot_standby, ident_file, listen_addresses, max_replication_slots, max_wal_senders, port, primary_conninfo, primary_slot_name, promote_trigger_file, recovery_target*, restore_command, ssl, synchronous_standby_names, unix_socket_directories, wal_level, wal_log_hints, wal_sender_timeout").reason(Reason::FieldValueForbidden))]
+    #[x_kube(validation = Rule::new("self.all(name, !(name.lowerAscii() in ['archive_cleanup_command', 'archive_command', 'archive_library', 'archive_mode', 'archive_timeout', 'cluster_name', 'config_file', 'data_directory', 'external_pid_file', 'full_page_writes', 'hba_file', 'hot_standby', 'ident_file', 'listen_addresses', 'max_replication_slots', 'max_slot_wal_keep_size', 'max_wal_senders', 'port', 'primary_conninfo', 'primary_slot_name', 'promote_trigger_file', 'recovery_target', 'recovery_target_lsn', 'recovery_target_time', 'restore_command', 'ssl', 'synchronous_standby_names', 'unix_socket_directories', 'wal_level', 'wal_log_hints', 'wal_retrieve_retry_interval', 'wal_sender_timeout']))").message("parameters cannot set what Castellan manages: archive_*, cluster_name, config_file, data_directory, external_pid_file, full_page_writes, hba_file, hot_standby, ident_file, listen_addresses, max_replication_slots, max_slot_wal_keep_size, max_wal_senders, port, primary_conninfo, primary_slot_name, promote_trigger_file, recovery_target*, restore_command, ssl, synchronous_standby_names, unix_socket_directories, wal_level, wal_log_hints, wal_retrieve_retry_interval, wal_sender_timeout").reason(Reason::FieldValueForbidden))]
     pub parameters: BTreeMap<String, String>,
 
     /// Compute resources of each instance's database container.
@@ -128,6 +131,42 @@ pub struct DatabaseClusterSpec {
     /// Where base backups and archived WAL go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupTarget>,
+
+    /// When another instance takes over from a primary that stopped working.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverPolicy>,
+}
+
+/// When another instance takes over from a failed primary.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverPolicy {
+    /// How long the primary may be unavailable (unreachable, or its server not
+    /// accepting connections) before a replica is promoted, such as `5s` or `1m`.
+    /// Default `5s`: a killed server is restarted in place within about a second and
+    /// needs no failover. Between `1s` and `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(ms|s|m)$') && duration(self) >= duration('1s') && duration(self) <= duration('10m')").message("failover.delay must be a duration between 1s and 10m, such as 5s, 1500ms or 1m"))]
+    pub delay: Option<String>,
+}
+
+impl FailoverPolicy {
+    /// `delay` as a duration, when it is one (admission checks the form).
+    pub fn delay(&self) -> Option<std::time::Duration> {
+        let text = self.delay.as_deref()?;
+        let (number, unit) = if let Some(ms) = text.strip_suffix("ms") {
+            (ms, 1u64)
+        } else if let Some(s) = text.strip_suffix('s') {
+            (s, 1_000)
+        } else if let Some(m) = text.strip_suffix('m') {
+            (m, 60_000)
+        } else {
+            return None;
+        };
+        let number: u64 = number.parse().ok()?;
+        Some(std::time::Duration::from_millis(number.checked_mul(unit)?))
+    }
 }
 
 fn default_replicas() -> i32 {
@@ -178,6 +217,27 @@ pub struct Replication {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("replication.syncReplicas must be at least 1"))]
     pub sync_replicas: Option<i32>,
+
+    /// With `mode: sync`: `required` (the default) never lets a commit return before
+    /// `syncReplicas` standbys have it, even when too few of them stream (commits wait),
+    /// and promotes a replica only when it can be shown to hold every acknowledged
+    /// commit. `preferred` keeps writes going with fewer standbys (down to none) and
+    /// promotes the most advanced replica it can see, which may lose the last commits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_durability: Option<DataDurability>,
+}
+
+/// Whether synchronous replication may be given up for availability.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DataDurability {
+    /// Commits wait for the quorum; failover waits until no acknowledged commit can be
+    /// lost.
+    #[default]
+    Required,
+    /// Writes go on with fewer synchronous standbys; failover promotes the best replica
+    /// it can see.
+    Preferred,
 }
 
 /// Asynchronous or quorum-synchronous streaming replication.
@@ -323,6 +383,17 @@ pub struct DatabaseClusterStatus {
     /// Pod name of the current primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_primary: Option<String>,
+    /// The instance being made primary, during a failover or switchover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary: Option<String>,
+    /// The cluster has had data. From then on an empty volume is never initialised
+    /// again: a primary whose volume was lost is replaced by a replica and rebuilt
+    /// from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialized: Option<bool>,
+    /// The primary's replication slots and the WAL each holds back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replication_slots: Vec<ReplicationSlotStatus>,
     /// Instances that are ready in their role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_instances: Option<i32>,
@@ -349,9 +420,16 @@ pub struct InstanceStatus {
     /// Node the pod runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// `primary` or `replica`.
+    /// `primary` or `replica`, as the instance manager reports it (what the instance
+    /// really runs as, whatever its labels say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
+    /// Stopped on purpose (`castellan.io/fenced-instances`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fenced: bool,
+    /// The WAL timeline it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
     /// Current WAL position (write LSN on the primary, replay LSN on a replica).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lsn: Option<String>,
@@ -364,4 +442,21 @@ pub struct InstanceStatus {
     /// Accepting connections in its role.
     #[serde(default)]
     pub ready: bool,
+}
+
+/// A replication slot on the primary.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationSlotStatus {
+    pub name: String,
+    /// A standby streams from it now.
+    #[serde(default)]
+    pub active: bool,
+    /// Bytes of WAL the slot keeps on the primary's volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_wal_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (a slot past
+    /// `max_slot_wal_keep_size` lost WAL its standby needed; that standby is rebuilt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_status: Option<String>,
 }

@@ -31,7 +31,6 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::btrfs;
-use super::claim::parse_bytes;
 use super::host::{self, run};
 use super::inventory::NODE_LABEL;
 use super::totals;
@@ -39,6 +38,7 @@ use super::volume::{
     self, Action, Claim, ClaimKey, FINALIZER, POOL_LABEL, PROVISIONED_BY_ANNOTATION, PROVISIONER,
     PoolOnNode, Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
 };
+use castellan_crds::quantity::parse_bytes;
 
 /// Why a pass failed before it could decide anything.
 #[derive(Debug, thiserror::Error)]

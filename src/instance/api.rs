@@ -1,19 +1,16 @@
-//! The instance manager's HTTP API, which the operator drives it with:
+//! The instance manager's HTTP API, which the operator drives it with. The bodies are
+//! `crate::instance_api`'s types, shared with the operator.
 //!
 //! - `GET /healthz`: the manager is alive.
 //! - `GET /readyz`: the server accepts connections in its role (200) or not (503).
-//! - `GET /status`: role, timeline, WAL positions, lag, standbys (JSON).
-//! - `POST /promote`, `POST /restart`, `POST /reload`
-//!   (`{"parameters", "synchronousStandbyNames"}`).
+//! - `GET /status`: a `StatusReport`.
+//! - `POST /lease`: renew the primary lease (`LeaseGrant`).
+//! - `POST /promote` (`PromoteRequest`), `POST /demote`, `POST /fence`
+//!   (`FenceRequest`), `POST /restart`, `POST /reload` (`ReloadRequest`).
 //!
-//! There is no demote call: a former primary rejoins by being started with
-//! `--role replica`, which rewinds it (see `bootstrap`), so a demotion can never leave a
-//! running server half-reconfigured.
-//!
-//! Handlers only read state or queue a request for the supervisor: they never start or
-//! stop the server themselves.
+//! Handlers only read state, renew the lease, or queue a request for the supervisor:
+//! they never start or stop the server themselves.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,14 +18,16 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use super::config::Role;
-use super::{Request, Shared, database, role_name};
+use super::{Request, Shared, database};
+use crate::instance_api::{
+    FenceRequest, LeaseRequest, LeaseResponse, PromoteRequest, ReloadRequest, RunningRole,
+    StatusReport,
+};
 
 type Response = (StatusCode, Json<Value>);
 
@@ -37,7 +36,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
+        .route("/lease", post(lease))
         .route("/promote", post(promote))
+        .route("/demote", post(demote))
+        .route("/fence", post(fence))
         .route("/restart", post(restart))
         .route("/reload", post(reload))
         .layer(axum::middleware::from_fn(traced))
@@ -62,48 +64,56 @@ async fn traced(
     next.run(request).instrument(span).await
 }
 
-/// The server's status, and whether it is ready in the role it should have.
-async fn observe(shared: &Shared) -> (bool, Value) {
-    let role = shared.role.borrow().clone();
+/// The instance's report, and whether it is ready in its role.
+async fn observe(shared: &Shared) -> (bool, StatusReport) {
+    let published = shared.published.borrow().clone();
+    let mut report = StatusReport {
+        instance: shared.instance_name.clone(),
+        role: published.role,
+        ready: false,
+        fenced: published.fenced,
+        lease_remaining_ms: shared
+            .lease_remaining()
+            .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+        problem: published.problem,
+        parameters: published.parameters,
+        server: None,
+        error: None,
+    };
+    if !published.running {
+        report.error = Some("postgres is not running".to_owned());
+        return (false, report);
+    }
     let observed =
         tokio::time::timeout(Duration::from_secs(3), database::status(&shared.pool)).await;
     match observed {
-        Ok(Ok(status)) => {
-            let ready = match role {
-                Role::Primary => !status.in_recovery,
-                Role::Replica(_) => status.in_recovery,
+        Ok(Ok(server)) => {
+            report.ready = match published.role {
+                Some(RunningRole::Primary) => !server.in_recovery,
+                Some(RunningRole::Replica) => server.in_recovery,
+                None => false,
             };
-            let mut body = serde_json::to_value(&status).unwrap_or_default();
-            body["parameters"] = json!(*shared.parameters.borrow());
-            body["instance"] = json!(shared.instance_name);
-            body["role"] = json!(role_name(&role));
-            body["ready"] = json!(ready);
-            (ready, body)
+            report.server = Some(server);
         }
-        Ok(Err(error)) => (
-            false,
-            json!({"instance": shared.instance_name, "role": role_name(&role), "ready": false, "error": error.to_string()}),
-        ),
-        Err(_) => (
-            false,
-            json!({"instance": shared.instance_name, "role": role_name(&role), "ready": false, "error": "the server did not answer within 3s"}),
-        ),
+        Ok(Err(error)) => report.error = Some(error.to_string()),
+        Err(_) => report.error = Some("the server did not answer within 3s".to_owned()),
     }
+    (report.ready, report)
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    let (ready, body) = observe(&shared).await;
+    let (ready, report) = observe(&shared).await;
     let code = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (code, Json(body))
+    (code, Json(json!(report)))
 }
 
 async fn status(State(shared): State<Arc<Shared>>) -> Response {
-    let (_, body) = observe(&shared).await;
-    (StatusCode::OK, Json(body))
+    let (_, report) = observe(&shared).await;
+    (StatusCode::OK, Json(json!(report)))
 }
 
 async fn submit(shared: &Shared, request: Request) -> Response {
@@ -127,27 +137,49 @@ async fn submit(shared: &Shared, request: Request) -> Response {
     }
 }
 
-async fn promote(State(shared): State<Arc<Shared>>) -> Response {
-    submit(&shared, Request::Promote).await
+async fn lease(State(shared): State<Arc<Shared>>, Json(grant): Json<LeaseRequest>) -> Response {
+    match shared.renew(&grant) {
+        Some(remaining) => (
+            StatusCode::OK,
+            Json(json!(LeaseResponse {
+                remaining_ms: u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
+            })),
+        ),
+        // A grant that arrives after its end (delayed, or from a paused operator)
+        // grants nothing.
+        None => (
+            StatusCode::CONFLICT,
+            Json(json!({"error": "the lease grant had already ended when it arrived"})),
+        ),
+    }
+}
+
+async fn promote(
+    State(shared): State<Arc<Shared>>,
+    Json(request): Json<PromoteRequest>,
+) -> Response {
+    submit(&shared, Request::Promote(request)).await
+}
+
+async fn demote(State(shared): State<Arc<Shared>>) -> Response {
+    submit(&shared, Request::Demote).await
+}
+
+async fn fence(State(shared): State<Arc<Shared>>, Json(request): Json<FenceRequest>) -> Response {
+    submit(&shared, Request::Fence(request.fenced)).await
 }
 
 async fn restart(State(shared): State<Arc<Shared>>) -> Response {
     submit(&shared, Request::Restart).await
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ReloadBody {
-    parameters: Option<BTreeMap<String, String>>,
-    synchronous_standby_names: Option<String>,
-}
-
-async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadBody>) -> Response {
+async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadRequest>) -> Response {
     submit(
         &shared,
         Request::Reload {
             parameters: body.parameters,
             synchronous_standby_names: body.synchronous_standby_names,
+            slots: body.slots,
         },
     )
     .await

@@ -280,6 +280,21 @@ pub async fn ensure_slot(
         .map(|_| ())
 }
 
+/// The location of the last checkpoint in the control file (`pg_controldata`): for a
+/// primary stopped cleanly, its shutdown checkpoint, which its standbys have received
+/// once they are past it.
+pub async fn checkpoint_lsn(
+    binaries: &Binaries,
+    data_dir: &Path,
+) -> Result<Option<String>, BootstrapError> {
+    let data = data_dir.to_string_lossy();
+    let output = binaries.run("pg_controldata", &["-D", &data], &[]).await?;
+    Ok(output
+        .lines()
+        .find_map(|line| line.strip_prefix("Latest checkpoint location:"))
+        .map(|lsn| lsn.trim().to_owned()))
+}
+
 /// Rewinds a former primary onto the new primary's timeline so it can follow it.
 pub async fn rewind(
     binaries: &Binaries,

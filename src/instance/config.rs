@@ -45,6 +45,10 @@ pub struct Settings<'a> {
     /// The user's parameters from the `DatabaseCluster` spec (reserved ones were
     /// refused at admission).
     pub parameters: &'a BTreeMap<String, String>,
+    /// `max_slot_wal_keep_size`: the most WAL a slot may hold back, so that a standby
+    /// that is gone can never fill the primary's volume (the operator derives it from
+    /// the volume's size).
+    pub max_slot_wal_keep_size: &'a str,
 }
 
 /// Quotes a value for postgresql.conf: single quotes, with `'` doubled.
@@ -68,7 +72,7 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         let _ = writeln!(conf, "{name} = {}", quote(value));
     }
     let socket_dir = settings.socket_dir.to_string_lossy();
-    let owned: [(&str, String); 11] = [
+    let owned: [(&str, String); 13] = [
         ("listen_addresses", quote(settings.listen_address)),
         ("port", settings.port.to_string()),
         ("unix_socket_directories", quote(&socket_dir)),
@@ -81,6 +85,13 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         // checksums, which initdb enables, imply it; this covers restored clusters).
         ("wal_log_hints", quote("on")),
         ("wal_keep_size", quote("128MB")),
+        (
+            "max_slot_wal_keep_size",
+            quote(settings.max_slot_wal_keep_size),
+        ),
+        // A replica whose primary went away retries every second rather than every
+        // five (the default), so that it follows a new primary within a second.
+        ("wal_retrieve_retry_interval", quote("1s")),
         (
             "synchronous_standby_names",
             quote(settings.synchronous_standby_names),
@@ -120,22 +131,6 @@ pub fn render_pg_hba() -> String {
     )
 }
 
-/// Name of the replication slot a replica streams from: PostgreSQL allows lowercase
-/// letters, digits and `_` only.
-pub fn slot_name(instance_name: &str) -> String {
-    let cleaned: String = instance_name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("castellan_{cleaned}")
-}
-
 /// The `.pgpass` file libpq reads when this instance connects to its primary: the
 /// replication role for streaming and base backups, the superuser for `pg_rewind`.
 pub fn render_passfile(superuser_password: &str, replication_password: &str) -> String {
@@ -150,6 +145,7 @@ pub fn render_passfile(superuser_password: &str, replication_password: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::instance_api::slot_name;
 
     fn settings<'a>(role: &'a Role, parameters: &'a BTreeMap<String, String>) -> Settings<'a> {
         Settings {
@@ -162,6 +158,7 @@ mod tests {
             passfile: Path::new("/data/.pgpass"),
             synchronous_standby_names: "ANY 1 (\"orders-1\", \"orders-3\")",
             parameters,
+            max_slot_wal_keep_size: "256MB",
         }
     }
 
@@ -176,6 +173,7 @@ mod tests {
             conf.contains("synchronous_standby_names = 'ANY 1 (\"orders-1\", \"orders-3\")'\n")
         );
         assert!(!conf.contains("primary_conninfo"));
+        assert!(conf.contains("max_slot_wal_keep_size = '256MB'\n"));
     }
 
     #[test]

@@ -6,9 +6,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Row};
+
+use crate::instance_api::{ServerStatus, Slot, Standby, slot_name};
 
 /// The schema Castellan installs in every cluster, versioned in `migrations/`.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -42,40 +43,6 @@ pub fn connect(socket_dir: &Path, port: u16, database: &str) -> PgPool {
         .max_connections(3)
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with(options)
-}
-
-/// One standby as the primary sees it in `pg_stat_replication`.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Standby {
-    pub name: String,
-    pub state: String,
-    pub sync_state: String,
-    pub replay_lsn: Option<String>,
-    pub lag_bytes: Option<i64>,
-}
-
-/// The server's state as the operator needs it.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ServerStatus {
-    pub in_recovery: bool,
-    pub timeline: Option<i64>,
-    /// Write LSN on a primary, replay LSN on a replica.
-    pub lsn: Option<String>,
-    /// Last WAL position a replica received.
-    pub receive_lsn: Option<String>,
-    /// Seconds since the primary's last heartbeat, as replayed here.
-    pub lag_seconds: Option<f64>,
-    /// Whether a replica's WAL receiver is streaming.
-    pub streaming: Option<bool>,
-    pub standbys: Vec<Standby>,
-    pub server_version: String,
-    /// `synchronous_standby_names` in force, so the operator changes it only when it
-    /// differs from what the topology needs.
-    pub synchronous_standby_names: String,
-    /// Parameters whose new value waits for a restart (`pg_settings.pending_restart`).
-    pub pending_restart: Vec<String>,
 }
 
 pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
@@ -116,6 +83,7 @@ pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
             lag_seconds: lag_seconds.map(|s| s.max(0.0)),
             streaming: Some(row.get::<Option<bool>, _>("streaming").unwrap_or(false)),
             standbys: Vec::new(),
+            slots: Vec::new(),
             server_version,
             synchronous_standby_names: synchronous_standby_names.clone(),
             pending_restart,
@@ -147,6 +115,7 @@ pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
             lag_bytes: row.get("lag_bytes"),
         })
         .collect();
+        let slots = slots(pool).await?;
         Ok(ServerStatus {
             in_recovery,
             timeline: row.get("timeline"),
@@ -155,11 +124,68 @@ pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
             lag_seconds: Some(0.0),
             streaming: None,
             standbys,
+            slots,
             server_version,
             synchronous_standby_names,
             pending_restart,
         })
     }
+}
+
+/// The physical replication slots and the WAL each holds back.
+async fn slots(pool: &PgPool) -> Result<Vec<Slot>, DatabaseError> {
+    Ok(sqlx::query(
+        "select slot_name::text as name, active, wal_status,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint as retained
+           from pg_replication_slots where slot_type = 'physical' order by slot_name",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(query("reading pg_replication_slots"))?
+    .into_iter()
+    .map(|row| Slot {
+        name: row.get("name"),
+        active: row.get("active"),
+        retained_bytes: row.get("retained"),
+        wal_status: row.get("wal_status"),
+    })
+    .collect())
+}
+
+/// Makes the primary's Castellan slots exactly those of `instances`: creates the
+/// missing ones (reserving WAL from now, so a replica that connects later finds what it
+/// needs), and drops the others that no walsender uses. A slot left behind by a removed
+/// replica would otherwise hold WAL until the disk is full.
+pub async fn keep_slots(pool: &PgPool, instances: &[String]) -> Result<(), DatabaseError> {
+    let wanted: Vec<String> = instances.iter().map(|i| slot_name(i)).collect();
+    let existing: Vec<(String, bool)> = sqlx::query_as(
+        "select slot_name::text, active from pg_replication_slots
+          where slot_type = 'physical' and slot_name like 'castellan\\_%'",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(query("listing Castellan's replication slots"))?;
+    for slot in &wanted {
+        if !existing.iter().any(|(name, _)| name == slot) {
+            sqlx::query("select pg_create_physical_replication_slot($1, true)")
+                .bind(slot)
+                .execute(pool)
+                .await
+                .map_err(query("creating a replication slot"))?;
+            tracing::info!(%slot, "created replication slot");
+        }
+    }
+    for (slot, active) in existing {
+        if !active && !wanted.contains(&slot) {
+            sqlx::query("select pg_drop_replication_slot($1)")
+                .bind(&slot)
+                .execute(pool)
+                .await
+                .map_err(query("dropping a replication slot"))?;
+            tracing::info!(%slot, "dropped the replication slot of an instance that is gone");
+        }
+    }
+    Ok(())
 }
 
 /// Applies Castellan's schema on a primary (replicas receive it by replication).

@@ -1,11 +1,25 @@
 //! `castellan instance`: the instance manager, PID 1 of every database pod.
 //!
-//! It bootstraps the data directory (initdb for a cluster's first instance, a base
+//! It fills the data directory (initdb for a cluster that never had data, a base
 //! backup of the primary for the others), writes the configuration Castellan owns,
 //! runs and supervises PostgreSQL (restarting it with back-off when it dies), writes
 //! the primary's heartbeat, and serves the HTTP API the operator drives it with
-//! (`api`). It never decides roles itself: promotion and demotion are the operator's
-//! calls.
+//! (`api`, its bodies in `crate::instance_api`).
+//!
+//! It never decides roles itself. The data on the volume says what the instance *was*
+//! (primary data, or a standby's); the operator says what it *is*:
+//! - a primary runs its server only while it holds the lease the operator renews
+//!   (`POST /lease`). When the lease runs out the server is stopped at once
+//!   (immediate shutdown), so a primary cut off from the operator stops taking writes
+//!   before the operator may promote another instance (`docs/failover.md`);
+//! - a replica follows the cluster's `-rw` Service; `POST /promote` makes it primary;
+//! - `POST /demote` turns a primary, or an instance whose volume lost its data, into a
+//!   replica: pg_rewind onto the new primary's timeline, or a fresh base backup;
+//! - `POST /fence` stops the server and keeps it stopped, across restarts.
+//!
+//! An empty volume is only ever initialised with initdb when the operator says the
+//! cluster never had data (`--allow-initdb`): a lost primary volume is rebuilt from
+//! the new primary after a failover, never started empty.
 
 mod api;
 mod bootstrap;
@@ -17,26 +31,29 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 
+use crate::instance_api::{
+    FenceResponse, LeaseGrant, PromoteRequest, PromoteResponse, ReloadResponse, RunningRole,
+    slot_name,
+};
 use bootstrap::Binaries;
 use config::{Role, Upstream};
-use postmaster::Postmaster;
+use postmaster::{Postmaster, Shutdown};
 
-/// The role the operator wants this instance to start in. It decides how an empty
-/// volume is filled, and what happens to data that says otherwise.
+/// The role the operator creates an instance's pod in. It only decides how an empty
+/// volume is filled: existing data keeps the role it has until the operator changes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StartRole {
-    /// Empty volume: initdb. Existing replica data: start, then promote.
+    /// Empty volume: initdb, if `--allow-initdb`; otherwise wait for the operator.
     Primary,
-    /// Empty volume: base backup of `--upstream-host`. Existing primary data (a former
-    /// primary after a failover): rewind it onto the new primary's timeline with
-    /// pg_rewind, then follow.
+    /// Empty volume: base backup of `--upstream-host`.
     Replica,
 }
 
@@ -67,9 +84,13 @@ pub struct InstanceArgs {
     /// Directory holding PostgreSQL's programs; `PATH` when absent.
     #[arg(long, env = "PG_BIN_DIR")]
     pub pg_bin_dir: Option<PathBuf>,
-    /// The role to start in.
+    /// How an empty volume is filled.
     #[arg(long, env = "CASTELLAN_ROLE", value_enum, default_value = "primary")]
     pub role: StartRole,
+    /// Whether an empty volume may be initialised with initdb: only for a cluster that
+    /// never had data. Without it, a primary on an empty volume waits for the operator.
+    #[arg(long, env = "CASTELLAN_ALLOW_INITDB", default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_initdb: bool,
     /// Host replicas follow: the cluster's `-rw` Service.
     #[arg(long, env = "CASTELLAN_UPSTREAM_HOST")]
     pub upstream_host: Option<String>,
@@ -96,30 +117,72 @@ pub struct InstanceArgs {
     /// `synchronous_standby_names` to start with (the operator updates it by reload).
     #[arg(long, env = "CASTELLAN_SYNCHRONOUS_STANDBY_NAMES", default_value = "")]
     pub synchronous_standby_names: String,
+    /// `max_slot_wal_keep_size`: the most WAL a replication slot may hold back.
+    #[arg(long, env = "CASTELLAN_MAX_SLOT_WAL_KEEP_SIZE", default_value = "1GB")]
+    pub max_slot_wal_keep_size: String,
 }
 
 /// A request from the HTTP API, carried out by the supervisor one at a time so that
 /// a promotion never races a restart.
 pub enum Request {
-    Promote,
+    Promote(PromoteRequest),
+    Demote,
+    Fence(bool),
     Restart,
     Reload {
         parameters: Option<BTreeMap<String, String>>,
         synchronous_standby_names: Option<String>,
+        slots: Option<Vec<String>>,
     },
 }
 
 pub type Reply = oneshot::Sender<Result<serde_json::Value, String>>;
 
+/// What the supervisor publishes about itself, for the API and the heartbeat.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Published {
+    /// The role the data is in: absent while an empty volume waits for the operator.
+    pub role: Option<RunningRole>,
+    pub running: bool,
+    pub fenced: bool,
+    pub problem: Option<String>,
+    /// The server parameters the configuration was last written with, reported so the
+    /// operator knows which instances a spec change has not reached.
+    pub parameters: BTreeMap<String, String>,
+}
+
 /// What the HTTP API and the heartbeat share with the supervisor.
 pub struct Shared {
     pub instance_name: String,
     pub pool: PgPool,
-    pub role: watch::Receiver<Role>,
-    /// The server parameters the configuration was last written with, reported in
-    /// status so the operator knows which instances a spec change has not reached.
-    pub parameters: watch::Receiver<BTreeMap<String, String>>,
+    pub published: watch::Receiver<Published>,
+    /// When the primary lease ends (the instance's monotonic clock). The API renews
+    /// it directly, never behind a queued request, so a slow operation cannot make a
+    /// healthy primary lose it.
+    pub lease: watch::Sender<Option<Instant>>,
     pub requests: mpsc::Sender<(Request, Reply)>,
+}
+
+impl Shared {
+    /// Extends the lease by `grant`; a grant that arrives after its end is refused.
+    pub fn renew(&self, grant: &LeaseGrant) -> Option<Duration> {
+        let remaining = grant.remaining_at(SystemTime::now());
+        if remaining.is_zero() {
+            return None;
+        }
+        let until = Instant::now() + remaining;
+        self.lease.send_modify(|lease| {
+            // Grants may arrive out of order: a late one never shortens the lease.
+            *lease = Some(lease.map_or(until, |current| current.max(until)));
+        });
+        self.lease_remaining()
+    }
+
+    pub fn lease_remaining(&self) -> Option<Duration> {
+        let until = (*self.lease.borrow())?;
+        let now = Instant::now();
+        (until > now).then(|| until - now)
+    }
 }
 
 /// Everything fixed for the life of the process.
@@ -147,6 +210,14 @@ async fn private_dir(path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("restricting {} to its owner", path.display()))
 }
 
+/// What the volume holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Holds {
+    Nothing,
+    Primary,
+    Replica,
+}
+
 impl Instance {
     fn upstream(&self) -> anyhow::Result<Upstream> {
         let host = self.args.upstream_host.clone().context(
@@ -155,8 +226,29 @@ impl Instance {
         Ok(Upstream {
             host,
             port: self.args.upstream_port,
-            slot: config::slot_name(&self.args.instance_name),
+            slot: slot_name(&self.args.instance_name),
         })
+    }
+
+    /// The marker that keeps a fenced instance stopped across restarts: beside the
+    /// data directory, on the same volume, so it goes with the data.
+    fn fence_marker(&self) -> PathBuf {
+        self.args
+            .data_dir
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join("castellan.fenced")
+    }
+
+    fn holds(&self) -> Holds {
+        let data_dir = &self.args.data_dir;
+        if !bootstrap::initialised(data_dir) {
+            Holds::Nothing
+        } else if data_dir.join("standby.signal").exists() {
+            Holds::Replica
+        } else {
+            Holds::Primary
+        }
     }
 
     fn conf(&self, role: &Role, parameters: &BTreeMap<String, String>, sync_names: &str) -> String {
@@ -170,62 +262,61 @@ impl Instance {
             passfile: &self.passfile,
             synchronous_standby_names: sync_names,
             parameters,
+            max_slot_wal_keep_size: &self.args.max_slot_wal_keep_size,
         })
     }
 
-    /// Makes the data directory if the volume is empty, or brings existing data into
-    /// line with the role asked for; returns the role to start in and whether to
-    /// promote once started.
-    async fn bootstrap(&self) -> anyhow::Result<(Role, bool)> {
+    /// Fills an empty volume as the operator allows: initdb for a cluster that never
+    /// had data, a base backup of the primary for a replica. Returns `None` when the
+    /// volume must wait for the operator (a primary's volume that lost its data).
+    async fn fill(&self) -> anyhow::Result<Option<Role>> {
         let data_dir = &self.args.data_dir;
-        if bootstrap::initialised(data_dir) {
-            let holds_replica = data_dir.join("standby.signal").exists();
-            tracing::info!(data_dir = %data_dir.display(), holds_replica, "data directory exists; keeping it");
-            return match (self.args.role, holds_replica) {
-                (StartRole::Primary, false) => Ok((Role::Primary, false)),
-                (StartRole::Primary, true) => Ok((Role::Replica(self.upstream()?), true)),
-                (StartRole::Replica, true) => Ok((Role::Replica(self.upstream()?), false)),
-                (StartRole::Replica, false) => {
-                    // A former primary: its WAL may have diverged from the new primary's
-                    // timeline. pg_rewind copies back what differs (running crash
-                    // recovery first if the server did not shut down cleanly).
-                    let upstream = self.upstream()?;
-                    tracing::info!(host = %upstream.host, "rejoining a former primary with pg_rewind");
-                    let output =
-                        bootstrap::rewind(&self.binaries, data_dir, &upstream, &self.passfile)
-                            .await
-                            .with_context(|| {
-                                format!("rewinding {} onto {}", data_dir.display(), upstream.host)
-                            })?;
-                    tracing::info!(output = %output.trim(), "pg_rewind finished");
-                    Ok((Role::Replica(upstream), false))
-                }
-            };
-        }
         private_dir(data_dir).await?;
-        match self.args.role {
-            StartRole::Primary => {
+        match (self.args.role, self.args.allow_initdb) {
+            (StartRole::Primary, true) => {
                 tracing::info!(data_dir = %data_dir.display(), "creating an empty cluster with initdb");
                 bootstrap::initdb(&self.binaries, data_dir, &self.args.superuser_password_file)
                     .await
                     .with_context(|| format!("running initdb in {}", data_dir.display()))?;
-                Ok((Role::Primary, false))
+                Ok(Some(Role::Primary))
             }
-            StartRole::Replica => {
-                let upstream = self.upstream()?;
-                tracing::info!(host = %upstream.host, slot = %upstream.slot, "copying the primary with pg_basebackup");
-                bootstrap::base_backup(&self.binaries, data_dir, &upstream, &self.passfile)
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "taking a base backup of {} into {}",
-                            upstream.host,
-                            data_dir.display()
-                        )
-                    })?;
-                Ok((Role::Replica(upstream), false))
-            }
+            (StartRole::Primary, false) => Ok(None),
+            (StartRole::Replica, _) => self.clone_primary().await.map(Some),
         }
+    }
+
+    async fn clone_primary(&self) -> anyhow::Result<Role> {
+        let data_dir = &self.args.data_dir;
+        let upstream = self.upstream()?;
+        tracing::info!(host = %upstream.host, slot = %upstream.slot, "copying the primary with pg_basebackup");
+        bootstrap::base_backup(&self.binaries, data_dir, &upstream, &self.passfile)
+            .await
+            .with_context(|| {
+                format!(
+                    "taking a base backup of {} into {}",
+                    upstream.host,
+                    data_dir.display()
+                )
+            })?;
+        Ok(Role::Replica(upstream))
+    }
+
+    /// Brings a stopped former primary onto the current primary's timeline (pg_rewind
+    /// copies back what differs, running crash recovery first if the server did not
+    /// shut down cleanly), or copies the primary afresh when there is nothing to
+    /// rewind.
+    async fn rejoin(&self) -> anyhow::Result<Role> {
+        if self.holds() == Holds::Nothing {
+            return self.clone_primary().await;
+        }
+        let upstream = self.upstream()?;
+        let data_dir = &self.args.data_dir;
+        tracing::info!(host = %upstream.host, "rejoining as a replica with pg_rewind");
+        let output = bootstrap::rewind(&self.binaries, data_dir, &upstream, &self.passfile)
+            .await
+            .with_context(|| format!("rewinding {} onto {}", data_dir.display(), upstream.host))?;
+        tracing::info!(output = %output.trim(), "pg_rewind finished");
+        Ok(Role::Replica(upstream))
     }
 
     /// Writes the files Castellan owns in the data directory for `role`.
@@ -243,26 +334,6 @@ impl Instance {
         .await
     }
 
-    /// Promotes the running replica and rewrites the configuration without its
-    /// upstream (the running server no longer reads it, but a restart would).
-    async fn promote(
-        &self,
-        pool: &PgPool,
-        parameters: &BTreeMap<String, String>,
-        sync_names: &str,
-    ) -> anyhow::Result<()> {
-        tracing::info!("promoting to primary");
-        if !database::promote(pool).await? {
-            anyhow::bail!(
-                "promoting {} did not finish within 60s",
-                self.args.instance_name
-            );
-        }
-        self.write_config(&Role::Primary, parameters, sync_names)
-            .await
-            .context("promoted, but rewriting the configuration failed")
-    }
-
     async fn start(
         &self,
         role: &Role,
@@ -271,9 +342,13 @@ impl Instance {
     ) -> anyhow::Result<Postmaster> {
         self.write_config(role, parameters, sync_names).await?;
         if let Role::Replica(upstream) = role {
-            bootstrap::ensure_slot(&self.binaries, upstream, &self.passfile)
-                .await
-                .with_context(|| format!("creating slot {} on {}", upstream.slot, upstream.host))?;
+            // The primary keeps every replica's slot (the operator tells it which);
+            // this only saves a replica that starts before that from waiting for it.
+            if let Err(error) =
+                bootstrap::ensure_slot(&self.binaries, upstream, &self.passfile).await
+            {
+                tracing::info!(slot = %upstream.slot, %error, "could not make sure of this replica's slot on the primary; the primary will create it");
+            }
         }
         let mut postmaster = Postmaster::start(&self.binaries, &self.args.data_dir)?;
         tracing::info!(
@@ -303,9 +378,14 @@ impl Instance {
         Ok(postmaster)
     }
 
-    async fn stop(&self, postmaster: Postmaster) -> anyhow::Result<()> {
+    async fn stop(&self, postmaster: Postmaster, mode: Shutdown) -> anyhow::Result<()> {
         postmaster
-            .stop(&self.binaries, &self.args.data_dir, Duration::from_secs(60))
+            .stop(
+                &self.binaries,
+                &self.args.data_dir,
+                mode,
+                Duration::from_secs(60),
+            )
             .await
             .with_context(|| format!("stopping postgres in {}", self.args.data_dir.display()))
     }
@@ -326,10 +406,331 @@ impl Instance {
 }
 
 pub fn role_name(role: &Role) -> &'static str {
+    running_role(role).as_str()
+}
+
+fn running_role(role: &Role) -> RunningRole {
     match role {
-        Role::Primary => "primary",
-        Role::Replica(_) => "replica",
+        Role::Primary => RunningRole::Primary,
+        Role::Replica(_) => RunningRole::Replica,
     }
+}
+
+/// The supervisor's state: what the instance is, and whether its server runs.
+struct Supervisor {
+    instance: Arc<Instance>,
+    pool: PgPool,
+    shared: Arc<Shared>,
+    publish: watch::Sender<Published>,
+    /// None while an empty primary volume waits for the operator.
+    role: Option<Role>,
+    postmaster: Option<Postmaster>,
+    fenced: bool,
+    /// A former primary that must be rewound before it can follow.
+    rejoin: bool,
+    parameters: BTreeMap<String, String>,
+    sync_names: String,
+    /// Castellan's schema and roles were made on this primary since the process began.
+    prepared: bool,
+    /// No start before this (back-off after failures).
+    not_before: Instant,
+    restarts: backon::ExponentialBackoff,
+    /// When the server last started.
+    started: Instant,
+    problem: Option<String>,
+}
+
+impl Supervisor {
+    fn lease_held(&self) -> bool {
+        self.shared.lease_remaining().is_some()
+    }
+
+    /// Whether the server should run now.
+    fn should_run(&self) -> bool {
+        // A demoted instance runs nothing until it has rejoined as a replica: a lease
+        // grant still in flight when it was demoted must not start it as a primary.
+        if self.fenced || self.rejoin {
+            return false;
+        }
+        match &self.role {
+            None => false,
+            Some(Role::Primary) => self.lease_held(),
+            Some(Role::Replica(_)) => true,
+        }
+    }
+
+    fn publish(&self) {
+        // A demoted instance is a replica from the moment it is told, even before its
+        // rewind succeeds.
+        let role = if self.rejoin {
+            Some(RunningRole::Replica)
+        } else {
+            self.role.as_ref().map(running_role)
+        };
+        self.publish.send_replace(Published {
+            role,
+            running: self.postmaster.is_some(),
+            fenced: self.fenced,
+            problem: self.problem.clone(),
+            parameters: self.parameters.clone(),
+        });
+    }
+
+    fn back_off(&mut self, error: &anyhow::Error, what: &str) {
+        let delay = self.restarts.next().unwrap_or(Duration::from_secs(30));
+        tracing::error!(error = %format!("{error:#}"), ?delay, "{what}");
+        self.problem = Some(format!("{what}: {error:#}"));
+        self.not_before = Instant::now() + delay;
+    }
+
+    /// Starts or stops the server to match [`Supervisor::should_run`], and rejoins a
+    /// former primary once it is stopped.
+    async fn settle(&mut self) {
+        if Instant::now() < self.not_before {
+            return;
+        }
+        if self.rejoin && self.postmaster.is_none() && !self.fenced {
+            match self.instance.rejoin().await {
+                Ok(role) => {
+                    self.role = Some(role);
+                    self.rejoin = false;
+                    self.problem = None;
+                }
+                Err(error) => self.back_off(&error, "rejoining as a replica failed; retrying"),
+            }
+        }
+        let should_run = self.should_run();
+        if should_run && self.postmaster.is_none() {
+            let Some(role) = self.role.clone() else {
+                return;
+            };
+            match self
+                .instance
+                .start(&role, &self.parameters, &self.sync_names)
+                .await
+            {
+                Ok(postmaster) => {
+                    self.postmaster = Some(postmaster);
+                    self.started = Instant::now();
+                    self.problem = None;
+                    if role == Role::Primary && !self.prepared {
+                        match self.instance.prepare_primary(&self.pool).await {
+                            Ok(()) => self.prepared = true,
+                            Err(error) => {
+                                tracing::warn!(error = %format!("{error:#}"), "preparing the primary failed; retrying on the next start");
+                            }
+                        }
+                    }
+                }
+                Err(error) => self.back_off(&error, "starting postgres failed"),
+            }
+        } else if !should_run && let Some(postmaster) = self.postmaster.take() {
+            let lease_lost = self.role == Some(Role::Primary) && !self.fenced;
+            let mode = if lease_lost {
+                tracing::warn!(
+                    "the primary lease ran out: stopping postgres at once so that it takes no more writes"
+                );
+                Shutdown::Immediate
+            } else {
+                tracing::info!(fenced = self.fenced, "stopping postgres");
+                Shutdown::Fast
+            };
+            if let Err(error) = self.instance.stop(postmaster, mode).await {
+                tracing::error!(error = %format!("{error:#}"), "stopping postgres failed");
+            }
+        }
+        self.publish();
+    }
+
+    async fn handle(&mut self, request: Request) -> Result<serde_json::Value, String> {
+        match request {
+            Request::Promote(request) => self.promote(request).await.map(to_json),
+            Request::Demote => self.demote().await.map(to_json),
+            Request::Fence(fenced) => self.fence(fenced).await.map(to_json),
+            Request::Restart => {
+                let Some(postmaster) = self.postmaster.take() else {
+                    return Err("postgres is not running here".to_owned());
+                };
+                tracing::info!("restarting postgres");
+                if let Err(error) = self.instance.stop(postmaster, Shutdown::Fast).await {
+                    return Err(format!("{error:#}"));
+                }
+                self.settle().await;
+                if self.postmaster.is_some() {
+                    Ok(serde_json::json!({"restarted": true}))
+                } else {
+                    Err(self
+                        .problem
+                        .clone()
+                        .unwrap_or_else(|| "postgres did not start again".to_owned()))
+                }
+            }
+            Request::Reload {
+                parameters,
+                synchronous_standby_names,
+                slots,
+            } => self
+                .reload(parameters, synchronous_standby_names, slots)
+                .await
+                .map(to_json),
+        }
+    }
+
+    async fn promote(&mut self, request: PromoteRequest) -> Result<PromoteResponse, String> {
+        if self.fenced {
+            return Err("this instance is fenced: unfence it before promoting it".to_owned());
+        }
+        // The lease first: a primary without one would stop at once.
+        if self.shared.renew(&request.lease).is_none() {
+            return Err("the lease in the promotion request had already ended".to_owned());
+        }
+        let changed = match self.role {
+            Some(Role::Primary) => false,
+            Some(Role::Replica(_)) if self.postmaster.is_some() => {
+                tracing::info!("promoting to primary");
+                match database::promote(&self.pool).await {
+                    Ok(true) => {}
+                    Ok(false) => return Err("the promotion did not finish within 60s".to_owned()),
+                    Err(error) => return Err(error.to_string()),
+                }
+                self.role = Some(Role::Primary);
+                // The running server no longer reads its upstream, but a restart would.
+                if let Err(error) = self
+                    .instance
+                    .write_config(&Role::Primary, &self.parameters, &self.sync_names)
+                    .await
+                {
+                    return Err(format!(
+                        "promoted, but rewriting the configuration failed: {error}"
+                    ));
+                }
+                true
+            }
+            _ => return Err("only a running replica can be promoted".to_owned()),
+        };
+        self.settle().await;
+        if let Err(error) = database::keep_slots(&self.pool, &request.slots).await {
+            tracing::warn!(%error, "creating the replicas' slots after promotion failed; the next reload retries");
+        }
+        let timeline = database::status(&self.pool)
+            .await
+            .ok()
+            .and_then(|s| s.timeline);
+        Ok(PromoteResponse { changed, timeline })
+    }
+
+    /// Stops a primary cleanly (its standbys receive all its WAL), and rejoins it as a
+    /// replica once another instance is primary; an empty volume is filled from the
+    /// primary instead.
+    async fn demote(&mut self) -> Result<FenceResponse, String> {
+        if matches!(self.role, Some(Role::Replica(_))) && !self.rejoin {
+            return Ok(FenceResponse {
+                fenced: self.fenced,
+                checkpoint_lsn: None,
+            });
+        }
+        tracing::info!("demoting: this instance will follow the new primary");
+        // No lease from here on: the server must not start as a primary again.
+        self.shared.lease.send_replace(None);
+        if let Some(postmaster) = self.postmaster.take()
+            && let Err(error) = self.instance.stop(postmaster, Shutdown::Fast).await
+        {
+            return Err(format!("{error:#}"));
+        }
+        let checkpoint_lsn = if self.instance.holds() == Holds::Nothing {
+            None
+        } else {
+            bootstrap::checkpoint_lsn(&self.instance.binaries, &self.instance.args.data_dir)
+                .await
+                .map_err(|e| e.to_string())?
+        };
+        self.rejoin = true;
+        self.problem = None;
+        self.not_before = Instant::now();
+        self.publish();
+        Ok(FenceResponse {
+            fenced: self.fenced,
+            checkpoint_lsn,
+        })
+    }
+
+    async fn fence(&mut self, fenced: bool) -> Result<FenceResponse, String> {
+        let marker = self.instance.fence_marker();
+        let written = if fenced {
+            tokio::fs::write(&marker, b"fenced by the operator\n").await
+        } else {
+            match tokio::fs::remove_file(&marker).await {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            }
+        };
+        written.map_err(|e| format!("recording fencing in {}: {e}", marker.display()))?;
+        if self.fenced != fenced {
+            tracing::info!(fenced, "fencing changed");
+        }
+        self.fenced = fenced;
+        self.not_before = Instant::now();
+        self.settle().await;
+        let checkpoint_lsn = if fenced && self.instance.holds() != Holds::Nothing {
+            bootstrap::checkpoint_lsn(&self.instance.binaries, &self.instance.args.data_dir)
+                .await
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        Ok(FenceResponse {
+            fenced,
+            checkpoint_lsn,
+        })
+    }
+
+    async fn reload(
+        &mut self,
+        parameters: Option<BTreeMap<String, String>>,
+        sync_names: Option<String>,
+        slots: Option<Vec<String>>,
+    ) -> Result<ReloadResponse, String> {
+        if let Some(p) = parameters {
+            self.parameters = p;
+        }
+        if let Some(s) = sync_names {
+            self.sync_names = s;
+        }
+        let Some(role) = self.role.clone() else {
+            self.publish();
+            return Ok(ReloadResponse::default());
+        };
+        self.instance
+            .write_config(&role, &self.parameters, &self.sync_names)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.publish();
+        if self.postmaster.is_none() {
+            // Written; the next start reads it.
+            return Ok(ReloadResponse::default());
+        }
+        database::reload(&self.pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        if role == Role::Primary
+            && let Some(slots) = slots
+        {
+            database::keep_slots(&self.pool, &slots)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        // pg_settings reflects the files only after the reload is processed.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        database::pending_restart(&self.pool)
+            .await
+            .map(|pending_restart| ReloadResponse { pending_restart })
+            .map_err(|e| e.to_string())
+    }
+}
+
+fn to_json(value: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_default()
 }
 
 /// Runs the instance manager until SIGTERM or SIGINT.
@@ -347,9 +748,9 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         &config::render_passfile(&superuser_password, &replication_password),
     )
     .await?;
-    let mut parameters: BTreeMap<String, String> = serde_json::from_str(&args.parameters)
+    let parameters: BTreeMap<String, String> = serde_json::from_str(&args.parameters)
         .context("parsing --parameters as a JSON object of strings")?;
-    let mut sync_names = args.synchronous_standby_names.clone();
+    let sync_names = args.synchronous_standby_names.clone();
 
     let instance = Arc::new(Instance {
         binaries: Binaries {
@@ -359,28 +760,22 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         passfile,
         args,
     });
-    let (mut role, promote_once_started) = instance.bootstrap().await?;
     let pool = database::connect(&socket_dir, instance.args.port, "postgres");
-    let mut postmaster = instance.start(&role, &parameters, &sync_names).await?;
-    if promote_once_started {
-        tracing::info!("asked to start as primary on replica data");
-        instance.promote(&pool, &parameters, &sync_names).await?;
-        role = Role::Primary;
-    }
-    if role == Role::Primary {
-        instance.prepare_primary(&pool).await?;
-    }
-
-    let (role_tx, role_rx) = watch::channel(role.clone());
-    let (parameters_tx, parameters_rx) = watch::channel(parameters.clone());
+    let (publish, published) = watch::channel(Published {
+        parameters: parameters.clone(),
+        ..Published::default()
+    });
     let (requests_tx, mut requests) = mpsc::channel::<(Request, Reply)>(8);
     let shared = Arc::new(Shared {
         instance_name: instance.args.instance_name.clone(),
         pool: pool.clone(),
-        role: role_rx,
-        parameters: parameters_rx,
+        published,
+        lease: watch::Sender::new(None),
         requests: requests_tx,
     });
+
+    // The API serves before the server starts: a primary waits for its lease through it,
+    // and an instance that cannot start says why through it.
     let http_address: SocketAddr = format!(
         "{}:{}",
         instance.args.listen_address, instance.args.http_port
@@ -399,89 +794,121 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     tokio::spawn(api::serve(listener, shared.clone()));
     tokio::spawn(heartbeat(shared.clone()));
 
+    let fenced = instance.fence_marker().exists();
+    let (role, problem) = match instance.holds() {
+        Holds::Primary => (Some(Role::Primary), None),
+        Holds::Replica => (Some(Role::Replica(instance.upstream()?)), None),
+        Holds::Nothing => match instance.fill().await? {
+            Some(role) => (Some(role), None),
+            None => {
+                let problem = "the volume is empty but this cluster already has data: \
+                               waiting for the operator to make this instance a replica of the \
+                               new primary (initdb runs only for a cluster that never had data)";
+                tracing::error!("{problem}");
+                (None, Some(problem.to_owned()))
+            }
+        },
+    };
+    if role == Some(Role::Primary) {
+        tracing::info!("primary data: the server starts once the operator grants the lease");
+    }
+    let mut supervisor = Supervisor {
+        instance,
+        pool,
+        shared: shared.clone(),
+        publish,
+        role,
+        postmaster: None,
+        fenced,
+        rejoin: false,
+        parameters,
+        sync_names,
+        prepared: false,
+        not_before: Instant::now(),
+        restarts: restart_backoff(),
+        started: Instant::now(),
+        problem,
+    };
+    supervisor.settle().await;
+
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let mut restarts = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(30))
-        .without_max_times()
-        .build();
+    let mut lease = shared.lease.subscribe();
     loop {
+        // Wake when the lease runs out, when a back-off ends, or every second to
+        // retry what is pending.
+        let now = Instant::now();
+        let mut wake = now + Duration::from_secs(1);
+        if let Some(end) = *lease.borrow_and_update()
+            && supervisor.postmaster.is_some()
+            && supervisor.role == Some(Role::Primary)
+        {
+            wake = wake.min(end);
+        }
+        if supervisor.not_before > now {
+            wake = wake.min(supervisor.not_before);
+        }
         tokio::select! {
             _ = terminate.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
-            exit = postmaster.exited() => {
-                // The server died under us: restart it, backing off if it keeps dying.
-                let delay = restarts.next().unwrap_or(Duration::from_secs(30));
+            exit = exited(&mut supervisor.postmaster) => {
+                // The server died under us: restart it, backing off if it keeps dying
+                // (a server that ran for a while starts over from the shortest delay).
+                supervisor.postmaster = None;
+                if supervisor.started.elapsed() > STABLE_RUN {
+                    supervisor.restarts = restart_backoff();
+                }
+                let delay = supervisor.restarts.next().unwrap_or(Duration::from_secs(30));
                 tracing::error!(status = ?exit, ?delay, "postgres exited unexpectedly; restarting");
-                tokio::time::sleep(delay).await;
-                postmaster = instance.start(&role, &parameters, &sync_names).await?;
+                supervisor.not_before = Instant::now() + delay;
+                supervisor.publish();
+            }
+            changed = lease.changed() => {
+                if changed.is_err() { break; }
             }
             Some((request, reply)) = requests.recv() => {
-                let outcome = match request {
-                    Request::Promote => match &role {
-                        Role::Primary => Ok(serde_json::json!({"role": "primary", "changed": false})),
-                        Role::Replica(_) => match instance.promote(&pool, &parameters, &sync_names).await {
-                            Ok(()) => {
-                                role = Role::Primary;
-                                let _ = role_tx.send(role.clone());
-                                Ok(serde_json::json!({"role": "primary", "changed": true}))
-                            }
-                            Err(e) => Err(format!("{e:#}")),
-                        },
-                    },
-                    Request::Restart => {
-                        tracing::info!("restarting postgres");
-                        let result: anyhow::Result<Postmaster> = async {
-                            instance.stop(postmaster).await?;
-                            instance.start(&role, &parameters, &sync_names).await
-                        }.await;
-                        match result {
-                            Ok(started) => { postmaster = started; Ok(serde_json::json!({"restarted": true})) }
-                            Err(e) => {
-                                let _ = reply.send(Err(format!("{e:#}")));
-                                return Err(e.context("restarting postgres"));
-                            }
-                        }
-                    }
-                    Request::Reload { parameters: new_parameters, synchronous_standby_names } => {
-                        if let Some(p) = new_parameters { parameters = p; }
-                        if let Some(s) = synchronous_standby_names { sync_names = s; }
-                        let written = instance.write_config(&role, &parameters, &sync_names).await;
-                        if written.is_ok() {
-                            parameters_tx.send_replace(parameters.clone());
-                        }
-                        match written {
-                            Err(e) => Err(e.to_string()),
-                            Ok(()) => match database::reload(&pool).await {
-                                Err(e) => Err(e.to_string()),
-                                Ok(()) => {
-                                    // pg_settings reflects the files only after the reload is processed.
-                                    tokio::time::sleep(Duration::from_millis(300)).await;
-                                    database::pending_restart(&pool).await
-                                        .map(|pending| serde_json::json!({"reloaded": true, "pendingRestart": pending}))
-                                        .map_err(|e| e.to_string())
-                                }
-                            },
-                        }
-                    }
-                };
+                let outcome = supervisor.handle(request).await;
                 let _ = reply.send(outcome);
             }
+            () = tokio::time::sleep_until(wake) => {}
         }
+        supervisor.settle().await;
     }
     tracing::info!("shutting down");
-    instance.stop(postmaster).await?;
+    if let Some(postmaster) = supervisor.postmaster.take() {
+        supervisor.instance.stop(postmaster, Shutdown::Fast).await?;
+    }
     Ok(())
 }
 
-/// Writes the heartbeat every second while this instance is the primary.
+/// A server that ran this long without dying is restarted at once when it dies.
+const STABLE_RUN: Duration = Duration::from_secs(30);
+
+/// Restarts after the server died: 0.5 s, 1 s, 2 s … up to 30 s.
+fn restart_backoff() -> backon::ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build()
+}
+
+/// Resolves when the running server exits; never when none runs.
+async fn exited(postmaster: &mut Option<Postmaster>) -> std::io::Result<std::process::ExitStatus> {
+    match postmaster {
+        Some(postmaster) => postmaster.exited().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes the heartbeat every second while this instance is a running primary.
 async fn heartbeat(shared: Arc<Shared>) {
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        if *shared.role.borrow() != Role::Primary {
+        let published = shared.published.borrow().clone();
+        if published.role != Some(RunningRole::Primary) || !published.running {
             continue;
         }
         if let Err(error) = database::beat(&shared.pool).await {

@@ -42,12 +42,12 @@ impl Postmaster {
         self.child.wait().await
     }
 
-    /// Fast shutdown (`pg_ctl stop -m fast`): active sessions are ended, and a primary
-    /// sends all its WAL to connected standbys before it exits.
+    /// Stops the server (`pg_ctl stop -m <mode>`) and waits for it to exit.
     pub async fn stop(
         mut self,
         binaries: &Binaries,
         data_dir: &Path,
+        mode: Shutdown,
         timeout: Duration,
     ) -> Result<(), BootstrapError> {
         let data = data_dir.to_string_lossy();
@@ -55,7 +55,16 @@ impl Postmaster {
         let stopped = binaries
             .run(
                 "pg_ctl",
-                &["stop", "-D", &data, "-m", "fast", "-w", "-t", &seconds],
+                &[
+                    "stop",
+                    "-D",
+                    &data,
+                    "-m",
+                    mode.as_str(),
+                    "-w",
+                    "-t",
+                    &seconds,
+                ],
                 &[],
             )
             .await;
@@ -65,6 +74,27 @@ impl Postmaster {
         }
         let _ = self.child.wait().await;
         stopped.map(|_| ())
+    }
+}
+
+/// How the server is stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Active sessions are ended, and a primary sends all its WAL to connected standbys
+    /// and writes a shutdown checkpoint before it exits: nothing needs recovery later.
+    Fast,
+    /// Every process quits at once and no session gets another statement through;
+    /// the next start runs crash recovery. For fencing, where stopping writes now
+    /// matters more than a clean stop.
+    Immediate,
+}
+
+impl Shutdown {
+    fn as_str(self) -> &'static str {
+        match self {
+            Shutdown::Fast => "fast",
+            Shutdown::Immediate => "immediate",
+        }
     }
 }
 

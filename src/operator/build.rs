@@ -332,15 +332,25 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// The most WAL a replication slot may hold back on an instance's volume: a quarter of
+/// it (at least 64 MiB), so that a standby that is gone for good can never fill the
+/// primary's disk. Past it the slot is invalidated and that standby is rebuilt.
+pub fn max_slot_wal_keep_size(cluster: &DatabaseCluster) -> String {
+    let bytes = castellan_crds::quantity::parse_bytes(&cluster.spec.storage.size).unwrap_or(0);
+    let megabytes = (bytes / 4 / (1 << 20)).max(64);
+    format!("{megabytes}MB")
+}
+
 /// The pod of instance `n`: the instance manager as PID 1, its volume, the credential
 /// files, a readiness probe on "accepting connections in its role", and a preference
-/// for a node without another instance of the cluster.
+/// for a node without another instance of the cluster. `allow_initdb` only for the
+/// first instance of a cluster that never had data.
 pub fn pod(
     cluster: &DatabaseCluster,
     n: u32,
     role: StartRole,
     upstream_host: &str,
-    sync_names: &str,
+    allow_initdb: bool,
     settings: &Settings,
 ) -> Pod {
     let instance = instance_name(cluster, n);
@@ -373,9 +383,16 @@ pub fn pod(
                 field_env("POD_IP", "status.podIP"),
                 env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
                 env("CASTELLAN_ROLE", role.as_str()),
+                env(
+                    "CASTELLAN_ALLOW_INITDB",
+                    if allow_initdb { "true" } else { "false" },
+                ),
                 env("CASTELLAN_UPSTREAM_HOST", upstream_host),
                 env("CASTELLAN_PARAMETERS", parameters),
-                env("CASTELLAN_SYNCHRONOUS_STANDBY_NAMES", sync_names),
+                env(
+                    "CASTELLAN_MAX_SLOT_WAL_KEEP_SIZE",
+                    max_slot_wal_keep_size(cluster),
+                ),
                 env("CASTELLAN_APP_DATABASE", database),
                 env("CASTELLAN_APP_OWNER", owner),
                 env(
@@ -553,7 +570,7 @@ mod tests {
             1,
             StartRole::Primary,
             "10.0.0.1",
-            "",
+            true,
             &settings(),
         );
         let env = pod.spec.expect("spec").containers[0]
@@ -572,7 +589,7 @@ mod tests {
             1,
             StartRole::Primary,
             "127.96.0.9",
-            "",
+            true,
             &settings(),
         );
         let owner = &pod.metadata.owner_references.expect("owned")[0];
@@ -640,7 +657,7 @@ mod tests {
             2,
             StartRole::Replica,
             "127.96.0.9",
-            "",
+            false,
             &settings(),
         );
         assert_eq!(pod.metadata.name.as_deref(), Some("orders-2"));
@@ -665,6 +682,12 @@ mod tests {
             .map(|e| (e.name, e.value))
             .collect();
         assert_eq!(env["CASTELLAN_ROLE"].as_deref(), Some("replica"));
+        assert_eq!(env["CASTELLAN_ALLOW_INITDB"].as_deref(), Some("false"));
+        assert_eq!(
+            env["CASTELLAN_MAX_SLOT_WAL_KEEP_SIZE"].as_deref(),
+            Some("256MB"),
+            "a quarter of the 1Gi volume"
+        );
         assert_eq!(
             env["CASTELLAN_UPSTREAM_HOST"].as_deref(),
             Some("127.96.0.9")

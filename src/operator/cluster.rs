@@ -10,20 +10,46 @@
 //!   stay, and remove a surplus instance only once the primary no longer names it;
 //! - bring every instance's parameters to the spec by reload, then restart the
 //!   instances that need it one at a time, replicas first and the primary last, each
-//!   only when every instance is ready.
+//!   only when every instance is ready;
+//! - keep the primary's lease while it serves, and fail over when it does not
+//!   (`failover.rs` decides whom and when): stop renewing, take it out of `-rw`, wait
+//!   for its lease to end, promote the most advanced replica that is safe, and rejoin
+//!   the old primary as a replica when it comes back. An instance that runs as primary
+//!   without being the primary is a split brain: it is demoted at once;
+//! - fence and unfence instances as `castellan.io/fenced-instances` asks.
 //!
-//! Pure: `shell.rs` performs the effects and feeds their outcomes back as events.
+//! Pure: `shell.rs` performs the effects and feeds their outcomes back as events. The
+//! machine has no clock: it takes the time from the instance views it is sent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use castellan_actors::StateMachine;
 use castellan_crds::DatabaseCluster;
+use castellan_crds::database_cluster::DataDurability;
+use kube::ResourceExt;
 use serde_json::Value;
 
 use super::build;
+use super::failover::{self, Choice, LEASE_DURATION, Quorum};
 use super::replica::{Command, InstanceView};
+use crate::instance_api::{LeaseGrant, PromoteRequest, RunningRole};
+
+/// Annotation naming the instances to fence: a JSON list of pod names, or `["*"]` for
+/// all of them (the form CloudNativePG's `cnpg.io/fencedInstances` uses). A fenced
+/// instance's server is stopped and stays stopped, its data untouched; a fenced primary
+/// is not failed over.
+pub const FENCED_ANNOTATION: &str = "castellan.io/fenced-instances";
+
+/// Annotation asking for a switchover to the named instance: a one-shot request that
+/// the operator carries out (or refuses, saying why in an Event) and then removes.
+/// Draining the primary's node asks for one by itself.
+pub const SWITCHOVER_ANNOTATION: &str = "castellan.io/switchover-to";
+
+/// How long a switchover waits for its target to receive the old primary's last WAL
+/// before it gives up and lets failover choose the most advanced replica instead.
+pub const SWITCHOVER_CATCH_UP: Duration = Duration::from_secs(30);
 
 /// Consecutive failed passes after which the cluster is `Degraded`.
 pub const DEGRADED_AFTER: u32 = 3;
@@ -37,6 +63,8 @@ pub struct Member {
     /// `ip:port` of the instance API, once the pod has an address.
     pub address: Option<String>,
     pub primary: bool,
+    /// Its node is cordoned (being drained).
+    pub cordoned: bool,
 }
 
 /// What a successful pass found.
@@ -57,6 +85,62 @@ pub struct ConvergeOrder {
     pub remove: Vec<String>,
     /// Why the cluster is degraded, if it is.
     pub degraded: Option<String>,
+    /// The primary the machine decided on; `None` before it knows (the pass then takes
+    /// status' `currentPrimary`).
+    pub primary: Option<String>,
+    /// During a failover or switchover: the instance being replaced, and the one being
+    /// promoted.
+    pub failover: Option<FailoverStatus>,
+    /// Whether the primary serves, and why not.
+    pub primary_condition: Assessment,
+    /// With `mode: sync`: whether commits get the quorum they ask for.
+    pub synchronous_condition: Option<Assessment>,
+}
+
+/// A condition's status, reason and message, decided by the machine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assessment {
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Assessment {
+    fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl Default for Assessment {
+    fn default() -> Self {
+        Self::new(false, "Unknown", "the primary has not been observed yet")
+    }
+}
+
+/// A failover as status shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FailoverStatus {
+    pub from: String,
+    pub target: Option<String>,
+    /// A switchover rather than a failover.
+    pub switchover: bool,
+}
+
+/// A failover in progress.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failover {
+    /// The primary being replaced.
+    pub from: String,
+    pub reason: String,
+    pub started: SystemTime,
+    /// The instance being promoted, once chosen.
+    pub target: Option<String>,
+    /// Why nothing can be promoted yet.
+    pub blocked: Option<String>,
 }
 
 /// A Kubernetes Event to record on the cluster.
@@ -117,6 +201,50 @@ pub struct ClusterState {
     pub stale: BTreeSet<String>,
     /// Whether the last pass found the cluster ready.
     pub ready: Option<bool>,
+    /// The primary: the only instance granted the lease. Status' `currentPrimary`.
+    pub primary: Option<String>,
+    /// When this machine saw its first instance view (leases a previous operator
+    /// granted end one lease after it).
+    pub began: Option<SystemTime>,
+    /// The latest time an event carried.
+    pub now: Option<SystemTime>,
+    /// The end of the latest lease granted (to whichever instance).
+    pub leased_until: Option<SystemTime>,
+    /// Since when the primary has not been serving.
+    pub unavailable_since: Option<SystemTime>,
+    pub failover: Option<Failover>,
+    /// The primary's last synchronous quorum, for deciding whom failover may promote.
+    pub quorum: Option<Quorum>,
+    /// Instances reported as split brains (one Event each).
+    pub split_brains: BTreeSet<String>,
+    /// Whether the synchronous quorum was last found satisfied.
+    pub synchronous_ok: Option<bool>,
+    pub switchover: Option<Switchover>,
+}
+
+/// A switchover in progress: the old primary is stopped cleanly (its standbys receive
+/// all its WAL), the target is promoted once it has received it, and the old primary
+/// rejoins as a replica. No lease needs to run out: the stop is confirmed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Switchover {
+    pub from: String,
+    pub to: String,
+    /// Why: the annotation, or a drain.
+    pub cause: String,
+    pub started: SystemTime,
+    pub stage: SwitchoverStage,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum SwitchoverStage {
+    /// The old primary is being stopped.
+    Demoting,
+    /// Stopped at this checkpoint; waiting for the target to receive past it.
+    CatchingUp {
+        checkpoint: crate::instance_api::Lsn,
+    },
+    /// The target is being promoted.
+    Promoting,
 }
 
 #[derive(Debug)]
@@ -153,6 +281,13 @@ pub enum ClusterEffect {
     },
     Record(Note),
     RetryAfter(Duration),
+    /// Remove the switchover request: it was carried out or refused.
+    ClearSwitchover,
+    /// Renew an instance's primary lease.
+    Grant {
+        instance: String,
+        grant: LeaseGrant,
+    },
 }
 
 impl StateMachine for ClusterMachine {
@@ -218,6 +353,13 @@ impl StateMachine for ClusterMachine {
                     state.ready = Some(found.ready);
                 }
                 state.members = found.members;
+                if state.primary.is_none() {
+                    state.primary = state
+                        .members
+                        .iter()
+                        .find(|(_, member)| member.primary)
+                        .map(|(name, _)| name.clone());
+                }
                 let members = &state.members;
                 state.views.retain(|name, _| members.contains_key(name));
                 state.commands.retain(|name, _| members.contains_key(name));
@@ -254,11 +396,27 @@ impl StateMachine for ClusterMachine {
                     // A report from an instance that is gone.
                     return (state, effects);
                 }
+                state.now = Some(state.now.map_or(view.at, |now| now.max(view.at)));
+                state.began.get_or_insert(view.at);
                 let previous = state.views.insert(name.clone(), view.clone());
                 state.stale.remove(&name);
-                let changed =
-                    previous.is_none_or(|p| p.ready != view.ready || p.reachable != view.reachable);
-                if changed {
+                let changed = previous.is_none_or(|p| {
+                    p.ready != view.ready
+                        || p.reachable != view.reachable
+                        || p.role != view.role
+                        || p.fenced != view.fenced
+                });
+                let roles = |state: &ClusterState| {
+                    (
+                        state.primary.clone(),
+                        state.failover.clone(),
+                        state.switchover.clone(),
+                    )
+                };
+                let before = roles(&state);
+                supervise_primary(&mut state, &mut effects, &name);
+                let primary_changed = before != roles(&state);
+                if synchronous_changed(&mut state, &mut effects) || changed || primary_changed {
                     converge(&mut state, &mut effects);
                 }
                 plan_commands(&mut state, &mut effects);
@@ -270,12 +428,36 @@ impl StateMachine for ClusterMachine {
             } => {
                 state.commands.remove(&instance);
                 state.stale.insert(instance.clone());
+                if state.switchover.is_some()
+                    && matches!(command, Command::Promote(_) | Command::Demote)
+                {
+                    switchover_step_done(&mut state, &mut effects, &instance, &command, outcome);
+                    return (state, effects);
+                }
+                if let Command::Promote(_) = &command {
+                    finish_promotion(&mut state, &mut effects, &instance, &outcome);
+                    return (state, effects);
+                }
                 let note = match (&command, outcome) {
                     (Command::Reload { .. }, Ok(_)) => {
                         Note::normal("Reloaded", format!("{instance} reloaded its configuration"))
                     }
                     (Command::Restart, Ok(_)) => {
                         Note::normal("Restarted", format!("{instance} restarted"))
+                    }
+                    (Command::Demote, Ok(_)) => Note::normal(
+                        "Rejoining",
+                        format!("{instance} stopped as primary and rejoins as a replica"),
+                    ),
+                    (Command::Fence(true), Ok(_)) => Note::normal(
+                        "Fenced",
+                        format!("{instance} is fenced: its server is stopped"),
+                    ),
+                    (Command::Fence(false), Ok(_)) => {
+                        Note::normal("Unfenced", format!("{instance} is no longer fenced"))
+                    }
+                    (Command::Promote(_), Ok(_)) => {
+                        Note::normal("Promoted", format!("{instance} was promoted"))
                     }
                     (command, Err(error)) => Note::warning(
                         "CommandFailed",
@@ -301,6 +483,23 @@ impl StateMachine for ClusterMachine {
     }
 }
 
+/// Whether the primary's Castellan slots differ from one per instance in `wanted`: one
+/// is missing, or one that no standby uses belongs to no instance (removable).
+fn slots_differ(view: &InstanceView, wanted: &[String]) -> bool {
+    use crate::instance_api::slot_name;
+    let wanted: BTreeSet<String> = wanted.iter().map(|name| slot_name(name)).collect();
+    let ours = view
+        .slots
+        .iter()
+        .filter(|slot| slot.name.starts_with("castellan_"));
+    wanted
+        .iter()
+        .any(|slot| !view.slots.iter().any(|s| &s.name == slot))
+        || ours
+            .into_iter()
+            .any(|slot| !slot.active && !wanted.contains(&slot.name))
+}
+
 /// Starts a pass, or marks that another is needed once the running one ends.
 fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
     let Some(cluster) = state.cluster.clone() else {
@@ -315,6 +514,24 @@ fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
         remove: removable(state, &cluster),
         views: state.views.values().cloned().collect(),
         degraded: state.degraded.clone(),
+        primary: state.primary.clone(),
+        failover: state
+            .failover
+            .as_ref()
+            .map(|f| FailoverStatus {
+                from: f.from.clone(),
+                target: f.target.clone(),
+                switchover: false,
+            })
+            .or_else(|| {
+                state.switchover.as_ref().map(|s| FailoverStatus {
+                    from: s.from.clone(),
+                    target: Some(s.to.clone()),
+                    switchover: true,
+                })
+            }),
+        primary_condition: primary_assessment(state),
+        synchronous_condition: synchronous_assessment(state, &cluster),
         cluster,
     }));
 }
@@ -330,7 +547,767 @@ fn desired_count(cluster: &DatabaseCluster) -> u32 {
 }
 
 fn primary(state: &ClusterState) -> Option<(&String, &Member)> {
-    state.members.iter().find(|(_, member)| member.primary)
+    match &state.primary {
+        Some(name) => state.members.get_key_value(name),
+        None => state.members.iter().find(|(_, member)| member.primary),
+    }
+}
+
+/// The instances `castellan.io/fenced-instances` names (every member for `"*"`).
+pub fn fenced_instances(
+    cluster: &DatabaseCluster,
+    members: &BTreeMap<String, Member>,
+) -> BTreeSet<String> {
+    let Some(value) = cluster.annotations().get(FENCED_ANNOTATION) else {
+        return BTreeSet::new();
+    };
+    let names: Vec<String> = serde_json::from_str(value).unwrap_or_default();
+    if names.iter().any(|name| name == "*") {
+        return members.keys().cloned().collect();
+    }
+    names.into_iter().collect()
+}
+
+/// `spec.failover.delay`, or the default.
+fn failover_delay(cluster: &DatabaseCluster) -> Duration {
+    cluster
+        .spec
+        .failover
+        .as_ref()
+        .and_then(|f| f.delay())
+        .unwrap_or(failover::DEFAULT_DELAY)
+}
+
+/// Whether acknowledged commits must never be lost: `sync` with `required` durability.
+fn durability_required(cluster: &DatabaseCluster) -> bool {
+    build::synchronous(cluster)
+        && cluster
+            .spec
+            .replication
+            .as_ref()
+            .and_then(|r| r.data_durability)
+            .unwrap_or_default()
+            == DataDurability::Required
+}
+
+/// Why the primary is not serving, or `None` when it is. The delay applies to what may
+/// pass by itself (an unreachable instance, a server restarting); an empty volume or a
+/// primary that runs as a replica will not.
+fn unavailability(view: Option<&InstanceView>) -> Option<(String, bool)> {
+    let Some(view) = view else {
+        return Some(("it has not been observed".to_owned(), false));
+    };
+    if let Some(problem) = &view.problem {
+        return Some((problem.clone(), true));
+    }
+    if !view.reachable {
+        let error = view.error.clone().unwrap_or_default();
+        return Some((
+            format!("its instance manager does not answer ({error})"),
+            false,
+        ));
+    }
+    match view.role {
+        Some(RunningRole::Replica) if view.running => {
+            Some(("it runs as a replica".to_owned(), true))
+        }
+        _ if view.serving_as_primary() => None,
+        _ => Some((
+            view.error
+                .clone()
+                .unwrap_or_else(|| "its server does not accept connections".to_owned()),
+            false,
+        )),
+    }
+}
+
+/// Keeps the primary's lease while it serves, and fails over when it does not: the
+/// heart of high availability. Called on every instance view (`observed` is whose).
+fn supervise_primary(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>, observed: &str) {
+    let (Some(cluster), Some(now), Some(primary)) =
+        (state.cluster.clone(), state.now, state.primary.clone())
+    else {
+        return;
+    };
+    let fenced = fenced_instances(&cluster, &state.members);
+    let view = state.views.get(&primary).cloned();
+
+    // The primary's view: renew its lease (while it is the primary and no failover
+    // replaces it), remember its quorum, and note since when it does not serve.
+    if observed == primary {
+        if let Some(view) = view.as_ref().filter(|v| v.reachable) {
+            if view.role == Some(RunningRole::Primary) {
+                state.quorum = Quorum::parse(&view.sync_names).or(state.quorum.take());
+            }
+            // A switchover asked for now starts before this view would renew the lease.
+            if state.switchover.is_none()
+                && state.failover.is_none()
+                && unavailability(Some(view)).is_none()
+            {
+                start_switchover(state, effects, &cluster, now);
+            }
+            let renew = state.failover.is_none()
+                && state.switchover.is_none()
+                && view.problem.is_none()
+                && view.role != Some(RunningRole::Replica);
+            if renew {
+                let grant = LeaseGrant::starting(view.at, LEASE_DURATION);
+                state.leased_until = state.leased_until.max(Some(grant.valid_until()));
+                effects.push(ClusterEffect::Grant {
+                    instance: primary.clone(),
+                    grant,
+                });
+            }
+        }
+        match unavailability(view.as_ref()) {
+            None => state.unavailable_since = None,
+            Some(_) => {
+                state
+                    .unavailable_since
+                    .get_or_insert(view.as_ref().map_or(now, |v| v.at));
+            }
+        }
+    }
+
+    demote_strays(state, effects, &primary);
+
+    if fenced.contains(&primary) {
+        // A fenced primary is the user's decision: no failover replaces it.
+        state.unavailable_since = None;
+        return;
+    }
+
+    // A failover that has not chosen yet gives way to the old primary if it is back:
+    // it has every commit, and nothing else could be promoted meanwhile.
+    if let Some(failover) = &state.failover
+        && failover.target.is_none()
+        && failover.blocked.is_some()
+        && view.as_ref().is_some_and(|v| {
+            v.reachable && v.role == Some(RunningRole::Primary) && v.problem.is_none()
+        })
+    {
+        effects.push(ClusterEffect::Record(Note::normal(
+            "FailoverCancelled",
+            format!("{primary} is back before any replica could be promoted; it stays primary"),
+        )));
+        state.failover = None;
+        return;
+    }
+
+    if state.switchover.is_some() {
+        advance_switchover(state, effects);
+        return;
+    }
+    if state.failover.is_none() {
+        let Some((reason, at_once)) = unavailability(view.as_ref()) else {
+            return;
+        };
+        let since = state.unavailable_since.unwrap_or(now);
+        let waited = now.duration_since(since).unwrap_or_default();
+        if !at_once && waited < failover_delay(&cluster) {
+            return;
+        }
+        effects.push(ClusterEffect::Record(Note::warning(
+            "FailingOver",
+            format!(
+                "the primary {primary} has not served for {:.1}s: {reason}; it no longer \
+                 gets the lease, and a replica is promoted once its lease has ended",
+                waited.as_secs_f64()
+            ),
+        )));
+        state.failover = Some(Failover {
+            from: primary.clone(),
+            reason,
+            started: now,
+            target: None,
+            blocked: None,
+        });
+    }
+    promote_when_safe(state, effects, &cluster, now);
+}
+
+/// The failover's next step: wait for the old primary's lease, then promote the
+/// replica `failover::choose` picks.
+fn promote_when_safe(
+    state: &mut ClusterState,
+    effects: &mut Vec<ClusterEffect>,
+    cluster: &DatabaseCluster,
+    now: SystemTime,
+) {
+    let Some(failover) = state.failover.clone() else {
+        return;
+    };
+    if failover.target.is_some() {
+        return;
+    }
+    let began = state.began.unwrap_or(now);
+    let choice = match failover::leases_may_run(now, state.leased_until, began) {
+        Some(until) => Choice::Wait(format!(
+            "waiting {:.1}s more for the lease of {} to end, so that it has stopped taking \
+             writes before another instance is promoted",
+            until.duration_since(now).unwrap_or_default().as_secs_f64(),
+            failover.from
+        )),
+        None => {
+            let candidates: Vec<&InstanceView> = state
+                .views
+                .iter()
+                .filter(|(name, _)| **name != failover.from && state.members.contains_key(*name))
+                .map(|(_, view)| view)
+                .collect();
+            failover::choose(
+                &candidates,
+                state.quorum.as_ref(),
+                durability_required(cluster),
+            )
+        }
+    };
+    match choice {
+        Choice::Wait(reason) => {
+            let lease_wait = reason.starts_with("waiting");
+            if !lease_wait && failover.blocked.as_deref() != Some(reason.as_str()) {
+                effects.push(ClusterEffect::Record(Note::warning(
+                    "FailoverBlocked",
+                    reason.clone(),
+                )));
+            }
+            if let Some(f) = state.failover.as_mut() {
+                f.blocked = Some(reason);
+            }
+        }
+        Choice::Promote { instance, lsn } => {
+            let grant = LeaseGrant::starting(now, LEASE_DURATION);
+            state.leased_until = state.leased_until.max(Some(grant.valid_until()));
+            let slots = state
+                .members
+                .keys()
+                .filter(|name| **name != instance)
+                .cloned()
+                .collect();
+            effects.push(ClusterEffect::Record(
+                Note::normal(
+                    "Promoting",
+                    format!(
+                        "promoting {instance} (WAL received up to {lsn}) to replace {}",
+                        failover.from
+                    ),
+                )
+                .about(&instance),
+            ));
+            let command = Command::Promote(PromoteRequest {
+                lease: grant,
+                slots,
+            });
+            state.commands.insert(instance.clone(), command.clone());
+            effects.push(ClusterEffect::Command {
+                instance: instance.clone(),
+                command,
+            });
+            if let Some(f) = state.failover.as_mut() {
+                f.target = Some(instance);
+                f.blocked = None;
+            }
+        }
+    }
+}
+
+/// Starts a switchover when one is asked for (the annotation) or needed (the primary's
+/// node is being drained), to a streaming replica; refuses a request it cannot honour.
+fn start_switchover(
+    state: &mut ClusterState,
+    effects: &mut Vec<ClusterEffect>,
+    cluster: &DatabaseCluster,
+    now: SystemTime,
+) {
+    let Some(primary) = state.primary.clone() else {
+        return;
+    };
+    let requested = cluster.annotations().get(SWITCHOVER_ANNOTATION).cloned();
+    let primary_view = state.views.get(&primary).cloned();
+    let streaming = |name: &str| {
+        primary_view
+            .as_ref()
+            .is_some_and(|v| v.standbys.iter().any(|s| s.name == name && s.streaming))
+    };
+    let eligible = |state: &ClusterState, name: &str| {
+        state.members.get(name).is_some_and(|m| !m.cordoned)
+            && state.views.get(name).is_some_and(failover::promotable)
+            && streaming(name)
+    };
+    let (to, cause) = match requested {
+        Some(to) if to == primary => {
+            effects.push(ClusterEffect::ClearSwitchover);
+            return;
+        }
+        Some(to) => {
+            if !eligible(state, &to) || state.commands.contains_key(&to) {
+                effects.push(ClusterEffect::Record(Note::warning(
+                    "SwitchoverRefused",
+                    format!(
+                        "cannot switch over to {to}: it must be a member that runs as a \
+                         streaming replica, unfenced, on a node that is not cordoned"
+                    ),
+                )));
+                effects.push(ClusterEffect::ClearSwitchover);
+                return;
+            }
+            (to, format!("asked for by {SWITCHOVER_ANNOTATION}"))
+        }
+        None => {
+            let draining = state.members.get(&primary).is_some_and(|m| m.cordoned);
+            if !draining {
+                return;
+            }
+            // The most advanced streaming replica off the drained node.
+            let mut candidates: Vec<&InstanceView> = state
+                .views
+                .values()
+                .filter(|v| v.name != primary && eligible(state, &v.name))
+                .collect();
+            candidates.sort_by(|a, b| b.receive_lsn.cmp(&a.receive_lsn).then(a.name.cmp(&b.name)));
+            let Some(best) = candidates.first() else {
+                return;
+            };
+            (
+                best.name.clone(),
+                "the primary's node is being drained".to_owned(),
+            )
+        }
+    };
+    if state.commands.contains_key(&primary) {
+        return;
+    }
+    effects.push(ClusterEffect::Record(Note::normal(
+        "Switchover",
+        format!("switching over from {primary} to {to} ({cause}): stopping {primary} cleanly"),
+    )));
+    state.switchover = Some(Switchover {
+        from: primary.clone(),
+        to,
+        cause,
+        started: now,
+        stage: SwitchoverStage::Demoting,
+    });
+    state.commands.insert(primary.clone(), Command::Demote);
+    effects.push(ClusterEffect::Command {
+        instance: primary,
+        command: Command::Demote,
+    });
+}
+
+/// Promotes the switchover's target once it has received the old primary's last WAL,
+/// or hands over to failover if it does not within [`SWITCHOVER_CATCH_UP`].
+fn advance_switchover(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
+    let (Some(switchover), Some(now)) = (state.switchover.clone(), state.now) else {
+        return;
+    };
+    let SwitchoverStage::CatchingUp { checkpoint } = switchover.stage else {
+        return;
+    };
+    let received = state
+        .views
+        .get(&switchover.to)
+        .filter(|v| failover::promotable(v))
+        .and_then(|v| v.receive_lsn.max(v.lsn));
+    if received.is_some_and(|lsn| lsn > checkpoint) {
+        let grant = LeaseGrant::starting(now, LEASE_DURATION);
+        state.leased_until = state.leased_until.max(Some(grant.valid_until()));
+        let slots = state
+            .members
+            .keys()
+            .filter(|name| **name != switchover.to)
+            .cloned()
+            .collect();
+        let command = Command::Promote(PromoteRequest {
+            lease: grant,
+            slots,
+        });
+        state
+            .commands
+            .insert(switchover.to.clone(), command.clone());
+        effects.push(ClusterEffect::Command {
+            instance: switchover.to.clone(),
+            command,
+        });
+        if let Some(s) = state.switchover.as_mut() {
+            s.stage = SwitchoverStage::Promoting;
+        }
+    } else if now.duration_since(switchover.started).unwrap_or_default() > SWITCHOVER_CATCH_UP {
+        effects.push(ClusterEffect::Record(Note::warning(
+            "SwitchoverFailed",
+            format!(
+                "{} did not receive {}'s last WAL ({checkpoint}) within {}s; failing over to \
+                 the most advanced replica instead",
+                switchover.to,
+                switchover.from,
+                SWITCHOVER_CATCH_UP.as_secs()
+            ),
+        )));
+        state.switchover = None;
+        effects.push(ClusterEffect::ClearSwitchover);
+        state.failover = Some(Failover {
+            from: switchover.from,
+            reason: "a switchover could not complete".to_owned(),
+            started: now,
+            target: None,
+            blocked: None,
+        });
+    }
+}
+
+/// A switchover's demotion or promotion finished.
+fn switchover_step_done(
+    state: &mut ClusterState,
+    effects: &mut Vec<ClusterEffect>,
+    instance: &str,
+    command: &Command,
+    outcome: Result<Value, String>,
+) {
+    let Some(switchover) = state.switchover.clone() else {
+        return;
+    };
+    match (command, outcome) {
+        (Command::Demote, Ok(answer)) if instance == switchover.from => {
+            let checkpoint = answer["checkpointLsn"]
+                .as_str()
+                .and_then(crate::instance_api::Lsn::parse);
+            match checkpoint {
+                Some(checkpoint) => {
+                    if let Some(s) = state.switchover.as_mut() {
+                        s.stage = SwitchoverStage::CatchingUp { checkpoint };
+                    }
+                    advance_switchover(state, effects);
+                }
+                None => {
+                    // Stopped, but where it stopped is unknown: only failover's rules
+                    // (the most advanced replica) are safe now.
+                    state.switchover = None;
+                    effects.push(ClusterEffect::ClearSwitchover);
+                    state.failover = Some(Failover {
+                        from: switchover.from,
+                        reason: "stopped for a switchover without a known checkpoint".to_owned(),
+                        started: state.now.unwrap_or(switchover.started),
+                        target: None,
+                        blocked: None,
+                    });
+                }
+            }
+        }
+        (Command::Demote, Err(error)) => {
+            // The old primary may still run: it keeps its role (and its lease resumes).
+            effects.push(ClusterEffect::Record(Note::warning(
+                "SwitchoverFailed",
+                format!(
+                    "stopping {} for the switchover failed: {error}; it stays primary",
+                    switchover.from
+                ),
+            )));
+            state.switchover = None;
+            effects.push(ClusterEffect::ClearSwitchover);
+        }
+        (Command::Promote(_), Ok(_)) if instance == switchover.to => {
+            let took = state
+                .now
+                .and_then(|now| now.duration_since(switchover.started).ok())
+                .unwrap_or_default();
+            effects.push(ClusterEffect::Record(
+                Note::normal(
+                    "SwitchedOver",
+                    format!(
+                        "{} is the primary in place of {} ({}); writes paused {:.1}s",
+                        switchover.to,
+                        switchover.from,
+                        switchover.cause,
+                        took.as_secs_f64()
+                    ),
+                )
+                .about(&switchover.to),
+            ));
+            state.primary = Some(switchover.to);
+            state.switchover = None;
+            state.unavailable_since = None;
+            state.quorum = None;
+            effects.push(ClusterEffect::ClearSwitchover);
+            converge(state, effects);
+        }
+        (Command::Promote(_), Err(error)) => {
+            effects.push(ClusterEffect::Record(Note::warning(
+                "SwitchoverFailed",
+                format!(
+                    "promoting {} failed: {error}; failing over to the most advanced replica",
+                    switchover.to
+                ),
+            )));
+            state.switchover = None;
+            effects.push(ClusterEffect::ClearSwitchover);
+            state.failover = Some(Failover {
+                from: switchover.from,
+                reason: "a switchover's promotion failed".to_owned(),
+                started: state.now.unwrap_or(switchover.started),
+                target: None,
+                blocked: None,
+            });
+        }
+        _ => {}
+    }
+}
+
+/// The outcome of a promotion: the target is the primary, or the failover chooses again.
+fn finish_promotion(
+    state: &mut ClusterState,
+    effects: &mut Vec<ClusterEffect>,
+    instance: &str,
+    outcome: &Result<Value, String>,
+) {
+    match outcome {
+        Ok(_) => {
+            let took = match (&state.failover, state.now) {
+                (Some(f), Some(now)) => now.duration_since(f.started).unwrap_or_default(),
+                _ => Duration::ZERO,
+            };
+            let from = state
+                .failover
+                .take()
+                .map(|f| format!(" in place of {} ({})", f.from, f.reason))
+                .unwrap_or_default();
+            effects.push(ClusterEffect::Record(
+                Note::normal(
+                    "FailedOver",
+                    format!(
+                        "{instance} is the primary{from}; {:.1}s after the failover began",
+                        took.as_secs_f64()
+                    ),
+                )
+                .about(instance),
+            ));
+            state.primary = Some(instance.to_owned());
+            state.unavailable_since = None;
+            state.quorum = None;
+            // The old primary's view must not be mistaken for the new one's.
+            converge(state, effects);
+        }
+        Err(error) => {
+            effects.push(ClusterEffect::Record(
+                Note::warning(
+                    "PromotionFailed",
+                    format!("promoting {instance} failed: {error}; choosing again"),
+                )
+                .about(instance),
+            ));
+            if let Some(f) = state.failover.as_mut() {
+                f.target = None;
+            }
+        }
+    }
+}
+
+/// Instances that must follow the primary but do not: one running as primary (a split
+/// brain: demoted at once, whatever else happens), one that holds primary data or an
+/// empty volume and waits (a former primary, a rebuilt one: demoted, that is rewound
+/// or filled, once there is a primary to follow).
+fn demote_strays(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>, primary: &str) {
+    let target = state
+        .failover
+        .as_ref()
+        .and_then(|f| f.target.clone())
+        .or_else(|| state.switchover.as_ref().map(|s| s.to.clone()));
+    let primary_serves = state
+        .views
+        .get(primary)
+        .is_some_and(InstanceView::serving_as_primary);
+    let strays: Vec<(String, bool)> = state
+        .views
+        .iter()
+        .filter(|(name, _)| name.as_str() != primary && Some(*name) != target.as_ref())
+        .filter(|(name, _)| {
+            state.members.contains_key(*name) && !state.commands.contains_key(*name)
+        })
+        .filter_map(|(name, view)| {
+            let split_brain =
+                view.reachable && view.role == Some(RunningRole::Primary) && view.running;
+            let waiting = view.reachable
+                && (view.role == Some(RunningRole::Primary)
+                    || (view.role.is_none() && view.problem.is_some()));
+            (split_brain || (waiting && primary_serves)).then(|| (name.clone(), split_brain))
+        })
+        .collect();
+    for (name, split_brain) in strays {
+        if split_brain && state.split_brains.insert(name.clone()) {
+            effects.push(ClusterEffect::Record(
+                Note::warning(
+                    "SplitBrain",
+                    format!(
+                        "{name} runs as a primary but {primary} is the primary: it gets no \
+                         lease, is kept out of -rw and is demoted now"
+                    ),
+                )
+                .about(&name),
+            ));
+        }
+        state.commands.insert(name.clone(), Command::Demote);
+        effects.push(ClusterEffect::Command {
+            instance: name,
+            command: Command::Demote,
+        });
+    }
+    let views = &state.views;
+    state.split_brains.retain(|name| {
+        views
+            .get(name)
+            .is_some_and(|v| v.role == Some(RunningRole::Primary))
+    });
+}
+
+/// The `PrimaryAvailable` condition.
+fn primary_assessment(state: &ClusterState) -> Assessment {
+    let Some(primary) = &state.primary else {
+        return Assessment::default();
+    };
+    if let Some(failover) = &state.failover {
+        let message = match (&failover.target, &failover.blocked) {
+            (Some(target), _) => format!("failing over from {}: promoting {target}", failover.from),
+            (None, Some(blocked)) => format!(
+                "failing over from {} ({}): {blocked}",
+                failover.from, failover.reason
+            ),
+            (None, None) => format!("failing over from {}: {}", failover.from, failover.reason),
+        };
+        let reason = if failover
+            .blocked
+            .as_deref()
+            .is_some_and(|b| !b.starts_with("waiting"))
+        {
+            "FailoverBlocked"
+        } else {
+            "FailingOver"
+        };
+        return Assessment::new(false, reason, message);
+    }
+    if let Some(cluster) = &state.cluster
+        && fenced_instances(cluster, &state.members).contains(primary)
+    {
+        return Assessment::new(false, "Fenced", format!("the primary {primary} is fenced"));
+    }
+    if !state.split_brains.is_empty() {
+        let names: Vec<&str> = state.split_brains.iter().map(String::as_str).collect();
+        return Assessment::new(
+            false,
+            "SplitBrain",
+            format!(
+                "{} also run(s) as primary and are being demoted; -rw routes to {primary} only",
+                names.join(", ")
+            ),
+        );
+    }
+    match unavailability(state.views.get(primary)) {
+        None => Assessment::new(
+            true,
+            "Available",
+            format!("{primary} serves as the primary"),
+        ),
+        Some((reason, _)) => {
+            Assessment::new(false, "PrimaryUnavailable", format!("{primary}: {reason}"))
+        }
+    }
+}
+
+/// The standbys the primary's quorum should name, among those that stay: the streaming
+/// ones; with `required` durability also those it names already, so that a standby
+/// that stops streaming keeps commits waiting rather than silently dropping out.
+fn quorum_standbys(state: &ClusterState, cluster: &DatabaseCluster) -> Vec<String> {
+    let Some((primary_name, _)) = primary(state) else {
+        return Vec::new();
+    };
+    let Some(view) = state.views.get(primary_name).filter(|v| v.reachable) else {
+        return Vec::new();
+    };
+    let desired = desired_count(cluster);
+    let stays = |name: &str| {
+        name != primary_name && state.members.get(name).is_some_and(|m| m.number <= desired)
+    };
+    let mut names: BTreeSet<String> = view
+        .standbys
+        .iter()
+        .filter(|standby| standby.streaming && stays(&standby.name))
+        .map(|standby| standby.name.clone())
+        .collect();
+    if durability_required(cluster)
+        && let Some(quorum) = Quorum::parse(&view.sync_names)
+    {
+        names.extend(quorum.standbys.into_iter().filter(|name| stays(name)));
+    }
+    names.into_iter().collect()
+}
+
+/// The `SynchronousReplication` condition (sync mode only): enough standbys stream for
+/// the quorum commits ask for.
+fn synchronous_assessment(state: &ClusterState, cluster: &DatabaseCluster) -> Option<Assessment> {
+    if !build::synchronous(cluster) {
+        return None;
+    }
+    let wanted = usize::try_from(
+        cluster
+            .spec
+            .replication
+            .as_ref()
+            .and_then(|r| r.sync_replicas)
+            .unwrap_or(1)
+            .max(1),
+    )
+    .unwrap_or(1);
+    let (primary_name, _) = primary(state)?;
+    let view = state.views.get(primary_name).filter(|v| v.reachable)?;
+    let streaming = view.standbys.iter().filter(|s| s.streaming).count();
+    if streaming >= wanted {
+        return Some(Assessment::new(
+            true,
+            "QuorumStreaming",
+            format!("{streaming} standbys stream; commits wait for {wanted}"),
+        ));
+    }
+    Some(if durability_required(cluster) {
+        Assessment::new(
+            false,
+            "CommitsWaiting",
+            format!(
+                "only {streaming} of the {wanted} synchronous standbys commits wait for \
+                 stream: commits wait until enough do (dataDurability: required)"
+            ),
+        )
+    } else {
+        Assessment::new(
+            false,
+            "ReducedDurability",
+            format!(
+                "only {streaming} of the {wanted} synchronous standbys stream: commits return \
+                 with fewer confirmations (dataDurability: preferred)"
+            ),
+        )
+    })
+}
+
+/// Whether the synchronous condition flipped since last seen, with an Event saying so.
+fn synchronous_changed(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) -> bool {
+    let Some(cluster) = state.cluster.clone() else {
+        return false;
+    };
+    let Some(assessment) = synchronous_assessment(state, &cluster) else {
+        return false;
+    };
+    let before = state.synchronous_ok.replace(assessment.status);
+    let flipped = before != Some(assessment.status);
+    if flipped && !assessment.status {
+        effects.push(ClusterEffect::Record(Note::warning(
+            assessment.reason,
+            assessment.message,
+        )));
+    } else if flipped && before.is_some() {
+        effects.push(ClusterEffect::Record(Note::normal(
+            "QuorumStreaming",
+            assessment.message,
+        )));
+    }
+    flipped
 }
 
 /// Surplus instances (numbered above the desired count, never the primary) that the
@@ -360,52 +1337,62 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
     let Some(cluster) = state.cluster.clone() else {
         return;
     };
-    let desired = desired_count(&cluster);
     let wanted = &cluster.spec.parameters;
     let busy = |state: &ClusterState, name: &str| {
         state.commands.contains_key(name) || state.stale.contains(name)
     };
     let mut planned: Vec<(String, Command)> = Vec::new();
 
-    // Configuration: parameters everywhere, and on the primary the sync standbys among
-    // the streaming ones that stay.
-    for (name, member) in &state.members {
+    // Fencing as the annotation asks, before anything else is asked of an instance.
+    let fenced = fenced_instances(&cluster, &state.members);
+    for name in state.members.keys() {
         let Some(view) = state.views.get(name).filter(|v| v.reachable) else {
             continue;
         };
-        if busy(state, name) {
+        let wanted_fenced = fenced.contains(name);
+        if view.fenced != wanted_fenced && !busy(state, name) {
+            planned.push((name.clone(), Command::Fence(wanted_fenced)));
+        }
+    }
+
+    // Configuration: parameters everywhere, and on the primary the sync standbys and
+    // the slots of the instances that follow it.
+    let primary_name = primary(state).map(|(name, _)| name.clone());
+    for name in state.members.keys() {
+        let Some(view) = state.views.get(name).filter(|v| v.reachable) else {
+            continue;
+        };
+        if busy(state, name) || planned.iter().any(|(n, _)| n == name) {
             continue;
         }
         let parameters_differ = view.parameters.as_ref() != Some(wanted);
-        if member.primary {
-            let staying: Vec<String> = view
-                .standbys
-                .iter()
-                .filter(|standby| standby.streaming)
-                .filter(|standby| {
-                    state
-                        .members
-                        .get(&standby.name)
-                        .is_some_and(|m| m.number <= desired)
-                })
-                .map(|standby| standby.name.clone())
-                .collect();
+        let is_primary = primary_name.as_deref() == Some(name.as_str());
+        if is_primary && view.serving_as_primary() && state.failover.is_none() {
+            let staying = quorum_standbys(state, &cluster);
             let sync_names = build::synchronous_standby_names(&cluster, &staying);
-            if parameters_differ || view.sync_names != sync_names {
+            let slots: Vec<String> = state
+                .members
+                .keys()
+                .filter(|member| *member != name)
+                .cloned()
+                .collect();
+            if parameters_differ || view.sync_names != sync_names || slots_differ(view, &slots) {
                 planned.push((
                     name.clone(),
                     Command::Reload {
                         parameters: wanted.clone(),
                         sync_names: Some(sync_names),
+                        slots: Some(slots),
                     },
                 ));
             }
-        } else if parameters_differ {
+        } else if parameters_differ && !is_primary {
             planned.push((
                 name.clone(),
                 Command::Reload {
                     parameters: wanted.clone(),
                     sync_names: None,
+                    slots: None,
                 },
             ));
         }
@@ -470,6 +1457,7 @@ mod tests {
 
     use super::super::replica::StandbyView;
     use super::*;
+    use crate::instance_api::{Lsn, Slot, slot_name};
 
     fn cluster(replicas: i32, sync: bool, parameters: &[(&str, &str)]) -> Arc<DatabaseCluster> {
         let mut spec: DatabaseClusterSpec = serde_json::from_value(json!({
@@ -481,6 +1469,7 @@ mod tests {
         spec.replication = sync.then_some(Replication {
             mode: ReplicationMode::Sync,
             sync_replicas: Some(1),
+            data_durability: None,
         });
         spec.parameters = parameters
             .iter()
@@ -501,6 +1490,7 @@ mod tests {
                         number: n,
                         address: Some(format!("127.0.0.{n}:8000")),
                         primary: n == 1,
+                        cordoned: false,
                     },
                 )
             })
@@ -510,8 +1500,13 @@ mod tests {
     fn view(name: &str, parameters: &[(&str, &str)]) -> InstanceView {
         InstanceView {
             name: name.into(),
+            at: at(0),
             reachable: true,
             ready: true,
+            running: true,
+            role: Some(RunningRole::Replica),
+            lsn: Lsn::parse("0/3000000"),
+            receive_lsn: Lsn::parse("0/3000000"),
             parameters: Some(
                 parameters
                     .iter()
@@ -522,9 +1517,23 @@ mod tests {
         }
     }
 
+    /// The operator's clock `seconds` into a test.
+    fn at(seconds: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + seconds)
+    }
+
     fn primary_view(standbys: &[&str], sync_names: &str) -> InstanceView {
         InstanceView {
-            role: Some("primary".into()),
+            role: Some(RunningRole::Primary),
+            leased: true,
+            slots: standbys
+                .iter()
+                .map(|s| Slot {
+                    name: slot_name(s),
+                    active: true,
+                    ..Slot::default()
+                })
+                .collect(),
             standbys: standbys
                 .iter()
                 .map(|s| StandbyView {
@@ -538,17 +1547,32 @@ mod tests {
         }
     }
 
-    /// A state with a settled 3-instance async cluster.
+    /// A state with a settled cluster of `count` instances: db-1 serves as primary
+    /// with every other instance streaming, in the quorum the spec asks for.
     fn settled(cluster: Arc<DatabaseCluster>, count: u32) -> ClusterState {
+        let standbys: Vec<String> = (2..=count).map(|n| format!("db-{n}")).collect();
+        let names: Vec<&str> = standbys.iter().map(String::as_str).collect();
+        let desired = desired_count(&cluster) as usize;
+        let staying: Vec<String> = standbys
+            .iter()
+            .take(desired.saturating_sub(1))
+            .cloned()
+            .collect();
+        let sync_names = build::synchronous_standby_names(&cluster, &staying);
         let mut state = ClusterState {
             cluster: Some(cluster),
             members: members(count),
             ready: Some(true),
+            primary: Some("db-1".into()),
+            began: Some(at(0)),
+            now: Some(at(0)),
             ..ClusterState::default()
         };
-        for n in 1..=count {
-            let name = format!("db-{n}");
-            state.views.insert(name.clone(), view(&name, &[]));
+        state
+            .views
+            .insert("db-1".into(), primary_view(&names, &sync_names));
+        for name in &standbys {
+            state.views.insert(name.clone(), view(name, &[]));
         }
         state
     }
@@ -759,14 +1783,16 @@ mod tests {
                     "db-1".into(),
                     Command::Reload {
                         parameters: wanted.clone(),
-                        sync_names: Some("ANY 1 (\"db-2\")".into())
+                        sync_names: Some("ANY 1 (\"db-2\")".into()),
+                        slots: Some(vec!["db-2".into()])
                     }
                 ),
                 (
                     "db-2".into(),
                     Command::Reload {
                         parameters: wanted,
-                        sync_names: None
+                        sync_names: None,
+                        slots: None
                     }
                 ),
             ]
@@ -806,7 +1832,8 @@ mod tests {
                 "db-1".into(),
                 Command::Reload {
                     parameters: BTreeMap::new(),
-                    sync_names: Some("ANY 1 (\"db-2\")".into())
+                    sync_names: Some("ANY 1 (\"db-2\")".into()),
+                    slots: Some(vec!["db-2".into()])
                 }
             )]
         );
@@ -832,7 +1859,8 @@ mod tests {
                 "db-1".into(),
                 Command::Reload {
                     parameters: BTreeMap::new(),
-                    sync_names: Some("ANY 1 (\"db-2\")".into())
+                    sync_names: Some("ANY 1 (\"db-2\")".into()),
+                    slots: Some(vec!["db-2".into(), "db-3".into()])
                 }
             )]
         );
@@ -883,9 +1911,14 @@ mod tests {
         let mut state = settled(cluster(3, false, &params), 3);
         for n in 1..=3 {
             let name = format!("db-{n}");
-            state
-                .views
-                .insert(name.clone(), pending(view(&name, &params)));
+            let fresh = match n {
+                1 => InstanceView {
+                    parameters: view(&name, &params).parameters,
+                    ..primary_view(&["db-2", "db-3"], "")
+                },
+                _ => view(&name, &params),
+            };
+            state.views.insert(name.clone(), pending(fresh));
         }
         let (state, effects) = step(
             state,
@@ -930,7 +1963,11 @@ mod tests {
                 outcome: Ok(Value::Null),
             },
         );
-        let (_, effects) = step(state, ClusterEvent::Observed(view("db-1", &params)));
+        let done = InstanceView {
+            parameters: view("db-1", &params).parameters,
+            ..primary_view(&["db-2", "db-3"], "")
+        };
+        let (_, effects) = step(state, ClusterEvent::Observed(done));
         assert!(commands(&effects).is_empty(), "all done: {effects:?}");
     }
 
@@ -938,9 +1975,11 @@ mod tests {
     fn no_restart_while_an_instance_is_not_ready() {
         let params = [("max_connections", "150")];
         let mut state = settled(cluster(2, false, &params), 2);
-        state
-            .views
-            .insert("db-1".into(), pending(view("db-1", &params)));
+        let primary = InstanceView {
+            parameters: view("db-1", &params).parameters,
+            ..primary_view(&["db-2"], "")
+        };
+        state.views.insert("db-1".into(), pending(primary));
         let mut down = pending(view("db-2", &params));
         down.ready = false;
         let (_, effects) = step(state, ClusterEvent::Observed(down));
@@ -993,5 +2032,584 @@ mod tests {
             ClusterState::default(),
             ClusterEvent::InjectedFault("test".into()),
         );
+    }
+
+    // ---- The primary: lease, failover, split brain, fencing, switchover ----
+
+    fn unreachable(name: &str, seconds: u64) -> InstanceView {
+        InstanceView::unreachable(name, at(seconds), "connection refused".into())
+    }
+
+    fn grants(effects: &[ClusterEffect]) -> Vec<(String, LeaseGrant)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                ClusterEffect::Grant { instance, grant } => Some((instance.clone(), *grant)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn at_lsn(mut view: InstanceView, seconds: u64, lsn: &str) -> InstanceView {
+        view.at = at(seconds);
+        view.lsn = Lsn::parse(lsn);
+        view.receive_lsn = Lsn::parse(lsn);
+        view
+    }
+
+    /// The state with no pass running (as if the last one finished).
+    fn idle(mut state: ClusterState) -> ClusterState {
+        state.converging = false;
+        state
+    }
+
+    /// Steps through `events` with every pass finishing at once; the effects of all.
+    fn steps(
+        mut state: ClusterState,
+        events: Vec<ClusterEvent>,
+    ) -> (ClusterState, Vec<ClusterEffect>) {
+        let mut all = Vec::new();
+        for event in events {
+            state.converging = false;
+            let (next, effects) = step(state, event);
+            state = next;
+            all.extend(effects);
+        }
+        (state, all)
+    }
+
+    /// A settled 3-instance cluster (sync when asked) whose primary stopped answering
+    /// at second 1; the replicas, db-3 the most advanced, are seen at `seconds`.
+    fn primary_lost(sync: bool, seconds: u64) -> (ClusterState, Vec<ClusterEffect>) {
+        let state = settled(cluster(3, sync, &[]), 3);
+        steps(
+            state,
+            vec![
+                ClusterEvent::Observed(unreachable("db-1", 1)),
+                ClusterEvent::Observed(at_lsn(view("db-3", &[]), seconds, "0/6000000")),
+                ClusterEvent::Observed(at_lsn(view("db-2", &[]), seconds, "0/5000000")),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_serving_primary_gets_a_lease_from_its_view_and_replicas_do_not() {
+        let state = settled(cluster(3, false, &[]), 3);
+        let mut primary = state.views["db-1"].clone();
+        primary.at = at(7);
+        let (state, effects) = step(state, ClusterEvent::Observed(primary));
+        let granted = grants(&effects);
+        assert_eq!(granted.len(), 1);
+        assert_eq!(granted[0].0, "db-1");
+        assert_eq!(granted[0].1.valid_until(), at(7) + LEASE_DURATION);
+        assert_eq!(state.leased_until, Some(at(7) + LEASE_DURATION));
+        let (_, effects) = step(state, ClusterEvent::Observed(view("db-2", &[])));
+        assert!(grants(&effects).is_empty());
+    }
+
+    #[test]
+    fn a_primary_waiting_for_its_lease_gets_one() {
+        let state = settled(cluster(1, false, &[]), 1);
+        let mut waiting = primary_view(&[], "");
+        waiting.ready = false;
+        waiting.running = false;
+        waiting.leased = false;
+        let (_, effects) = step(state, ClusterEvent::Observed(waiting));
+        assert_eq!(grants(&effects).len(), 1);
+    }
+
+    #[test]
+    fn a_short_outage_is_not_a_failover() {
+        let (state, effects) = primary_lost(false, 3);
+        assert!(!notes(&effects).contains(&"FailingOver"));
+        assert!(state.failover.is_none());
+        assert_eq!(state.unavailable_since, Some(at(1)));
+        // It comes back: the clock starts over.
+        let back = InstanceView {
+            at: at(4),
+            ..primary_view(&["db-2", "db-3"], "")
+        };
+        let (state, effects) = step(state, ClusterEvent::Observed(back));
+        assert!(state.unavailable_since.is_none());
+        assert_eq!(grants(&effects).len(), 1);
+    }
+
+    #[test]
+    fn after_the_delay_the_most_advanced_replica_is_promoted_once_the_lease_ended() {
+        // Last lease granted at second 0 (settled), ending at 4 s; the delay is 5 s.
+        let (state, effects) = primary_lost(false, 6);
+        assert_eq!(notes(&effects), vec!["FailingOver", "Promoting"]);
+        let promoted = commands(&effects);
+        assert_eq!(promoted.len(), 1);
+        assert_eq!(promoted[0].0, "db-3", "the most advanced replica");
+        let Command::Promote(request) = &promoted[0].1 else {
+            panic!("a promotion: {promoted:?}")
+        };
+        assert_eq!(request.lease.valid_until(), at(6) + LEASE_DURATION);
+        assert_eq!(request.slots, vec!["db-1".to_owned(), "db-2".to_owned()]);
+        let failover = state.failover.clone().expect("failing over");
+        assert_eq!(failover.target.as_deref(), Some("db-3"));
+        assert_eq!(
+            state.primary.as_deref(),
+            Some("db-1"),
+            "not before it is done"
+        );
+        // No lease for the old primary while it fails over, even if it answers.
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Observed(InstanceView {
+                at: at(7),
+                ..primary_view(&[], "")
+            }),
+        );
+        assert!(grants(&effects).is_empty());
+        // Promoted: the new primary is the primary, status follows.
+        let (state, effects) = step(
+            idle(state),
+            ClusterEvent::Finished {
+                instance: "db-3".into(),
+                command: promoted[0].1.clone(),
+                outcome: Ok(json!({"changed": true})),
+            },
+        );
+        assert_eq!(state.primary.as_deref(), Some("db-3"));
+        assert!(state.failover.is_none());
+        assert_eq!(notes(&effects), vec!["FailedOver"]);
+        let order = converge_order(&effects).expect("a pass writes the new primary");
+        assert_eq!(order.primary.as_deref(), Some("db-3"));
+        assert!(
+            order.primary_condition.status
+                || order.primary_condition.reason == "PrimaryUnavailable"
+        );
+    }
+
+    #[test]
+    fn no_promotion_while_the_old_lease_may_run() {
+        let mut state = settled(cluster(3, false, &[]), 3);
+        // A grant that ends late (a slow poll): promotion waits for it.
+        state.leased_until = Some(at(20));
+        let (state, _) = step(state, ClusterEvent::Observed(unreachable("db-1", 1)));
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 10, "0/5000000")),
+        );
+        assert_eq!(notes(&effects), vec!["FailingOver"]);
+        assert!(commands(&effects).is_empty());
+        let blocked = state.failover.as_ref().and_then(|f| f.blocked.clone());
+        assert!(blocked.is_some_and(|b| b.contains("lease")));
+        let (_, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 21, "0/5000000")),
+        );
+        assert_eq!(commands(&effects).len(), 1);
+    }
+
+    #[test]
+    fn a_new_operator_waits_one_lease_before_promoting() {
+        // No grant of its own yet: grants of the previous operator may still run.
+        let mut state = settled(cluster(2, false, &[]), 2);
+        state.leased_until = None;
+        state.began = Some(at(100));
+        state.now = Some(at(100));
+        state.unavailable_since = Some(at(90));
+        let (state, effects) = step(state, ClusterEvent::Observed(unreachable("db-1", 101)));
+        assert_eq!(notes(&effects), vec!["FailingOver"]);
+        assert!(commands(&effects).is_empty());
+        let (_, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 105, "0/5000000")),
+        );
+        assert!(matches!(commands(&effects)[..], [(_, Command::Promote(_))]));
+    }
+
+    #[test]
+    fn required_durability_waits_for_the_quorum_and_says_why() {
+        // ANY 1 (db-2, db-3): with db-3 unreachable nothing proves db-2 has every commit.
+        let state = settled(cluster(3, true, &[]), 3);
+        assert_eq!(state.views["db-1"].sync_names, "ANY 1 (\"db-2\", \"db-3\")");
+        let primary = state_view_at(&state, "db-1", 0);
+        let (state, effects) = steps(
+            state,
+            vec![
+                ClusterEvent::Observed(primary),
+                ClusterEvent::Observed(unreachable("db-1", 1)),
+                ClusterEvent::Observed(unreachable("db-3", 1)),
+                ClusterEvent::Observed(at_lsn(view("db-2", &[]), 7, "0/5000000")),
+            ],
+        );
+        assert_eq!(notes(&effects), vec!["FailingOver", "FailoverBlocked"]);
+        assert!(
+            !commands(&effects)
+                .iter()
+                .any(|(_, c)| matches!(c, Command::Promote(_)))
+        );
+        assert_eq!(primary_assessment(&state).reason, "FailoverBlocked");
+        // db-3 answers again: both seen, the most advanced is promoted.
+        let (_, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-3", &[]), 8, "0/6000000")),
+        );
+        assert!(matches!(&commands(&effects)[..], [(name, Command::Promote(_))] if name == "db-3"));
+    }
+
+    fn state_view_at(state: &ClusterState, name: &str, seconds: u64) -> InstanceView {
+        InstanceView {
+            at: at(seconds),
+            ..state.views[name].clone()
+        }
+    }
+
+    #[test]
+    fn preferred_durability_promotes_what_it_can_see() {
+        let mut spec = (*cluster(3, true, &[])).clone();
+        if let Some(replication) = spec.spec.replication.as_mut() {
+            replication.data_durability = Some(DataDurability::Preferred);
+        }
+        let state = settled(Arc::new(spec), 3);
+        let (state, _) = step(
+            state,
+            ClusterEvent::Observed(state_view_at(&settled(cluster(3, true, &[]), 3), "db-1", 0)),
+        );
+        let (state, _) = step(state, ClusterEvent::Observed(unreachable("db-1", 1)));
+        let (state, _) = step(state, ClusterEvent::Observed(unreachable("db-3", 1)));
+        let (_, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 7, "0/5000000")),
+        );
+        assert!(matches!(&commands(&effects)[..], [(name, Command::Promote(_))] if name == "db-2"));
+    }
+
+    #[test]
+    fn a_failed_promotion_chooses_again() {
+        let (state, effects) = primary_lost(false, 6);
+        let promote = commands(&effects)[0].1.clone();
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Finished {
+                instance: "db-3".into(),
+                command: promote,
+                outcome: Err("timed out".into()),
+            },
+        );
+        assert_eq!(notes(&effects), vec!["PromotionFailed"]);
+        assert_eq!(state.primary.as_deref(), Some("db-1"));
+        assert!(state.failover.as_ref().is_some_and(|f| f.target.is_none()));
+    }
+
+    #[test]
+    fn an_empty_primary_volume_fails_over_without_the_delay() {
+        let state = settled(cluster(2, false, &[]), 2);
+        let lost = InstanceView {
+            at: at(5),
+            reachable: true,
+            problem: Some("the volume is empty".into()),
+            ..InstanceView::default()
+        };
+        let lost = InstanceView {
+            name: "db-1".into(),
+            ..lost
+        };
+        let (_, effects) = step(state, ClusterEvent::Observed(lost));
+        assert_eq!(notes(&effects), vec!["FailingOver", "Promoting"]);
+        assert!(grants(&effects).is_empty(), "no lease for an empty volume");
+    }
+
+    #[test]
+    fn a_primary_running_as_replica_fails_over_at_once() {
+        let state = settled(cluster(2, false, &[]), 2);
+        let (_, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-1", &[]), 5, "0/1000000")),
+        );
+        assert_eq!(notes(&effects)[0], "FailingOver");
+    }
+
+    #[test]
+    fn a_split_brain_is_reported_and_demoted_at_once() {
+        let state = settled(cluster(3, false, &[]), 3);
+        let rogue = InstanceView {
+            name: "db-2".into(),
+            ..primary_view(&[], "")
+        };
+        let (state, effects) = step(state, ClusterEvent::Observed(rogue.clone()));
+        assert_eq!(notes(&effects), vec!["SplitBrain"]);
+        assert_eq!(commands(&effects), vec![("db-2".into(), Command::Demote)]);
+        assert!(grants(&effects).is_empty(), "never a lease for it");
+        let order = primary_assessment(&state);
+        assert_eq!(order.reason, "SplitBrain");
+        // Reported once, not on every view.
+        let mut again = state;
+        again.commands.clear();
+        let (_, effects) = step(again, ClusterEvent::Observed(rogue));
+        assert!(notes(&effects).is_empty());
+    }
+
+    #[test]
+    fn a_former_primary_waiting_for_a_lease_is_demoted_once_the_primary_serves() {
+        let mut state = settled(cluster(2, false, &[]), 2);
+        state.primary = Some("db-2".into());
+        state.views.insert(
+            "db-2".into(),
+            InstanceView {
+                name: "db-2".into(),
+                ..primary_view(&["db-1"], "")
+            },
+        );
+        let waiting = InstanceView {
+            name: "db-1".into(),
+            reachable: true,
+            role: Some(RunningRole::Primary),
+            ..InstanceView::default()
+        };
+        let (_, effects) = step(state.clone(), ClusterEvent::Observed(waiting.clone()));
+        assert_eq!(commands(&effects), vec![("db-1".into(), Command::Demote)]);
+        assert!(notes(&effects).is_empty(), "rejoining is no split brain");
+        // Without a serving primary to follow, it waits.
+        let mut down = state;
+        down.views.insert("db-2".into(), unreachable("db-2", 0));
+        let (_, effects) = step(down, ClusterEvent::Observed(waiting));
+        assert!(
+            !commands(&effects)
+                .iter()
+                .any(|(_, c)| *c == Command::Demote)
+        );
+    }
+
+    #[test]
+    fn a_failover_gives_way_to_the_old_primary_when_nothing_can_be_promoted() {
+        let state = settled(cluster(2, false, &[]), 2);
+        let (state, _) = step(state, ClusterEvent::Observed(unreachable("db-1", 1)));
+        let (state, _) = step(state, ClusterEvent::Observed(unreachable("db-2", 1)));
+        let (state, effects) = step(state, ClusterEvent::Observed(unreachable("db-2", 8)));
+        assert!(notes(&effects).contains(&"FailoverBlocked"));
+        assert!(state.failover.is_some());
+        let back = InstanceView {
+            at: at(9),
+            ready: false,
+            running: false,
+            ..primary_view(&[], "")
+        };
+        let (state, effects) = step(state, ClusterEvent::Observed(back));
+        assert_eq!(notes(&effects), vec!["FailoverCancelled"]);
+        assert!(state.failover.is_none());
+    }
+
+    fn annotated(cluster: &Arc<DatabaseCluster>, key: &str, value: &str) -> Arc<DatabaseCluster> {
+        let mut cluster = (**cluster).clone();
+        cluster.annotations_mut().insert(key.into(), value.into());
+        Arc::new(cluster)
+    }
+
+    #[test]
+    fn fencing_follows_the_annotation_and_a_fenced_primary_is_not_failed_over() {
+        let plain = cluster(2, false, &[]);
+        let state = settled(annotated(&plain, FENCED_ANNOTATION, r#"["db-2"]"#), 2);
+        let (state, effects) = step(state, ClusterEvent::Observed(view("db-2", &[])));
+        assert_eq!(
+            commands(&effects),
+            vec![("db-2".into(), Command::Fence(true))]
+        );
+        // Everyone: the primary too; it is not replaced.
+        let mut all = settled(annotated(&plain, FENCED_ANNOTATION, r#"["*"]"#), 2);
+        all.commands.clear();
+        let (all, _) = step(all, ClusterEvent::Observed(unreachable("db-1", 1)));
+        let (all, effects) = step(
+            all,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 30, "0/1")),
+        );
+        assert!(all.failover.is_none() && !notes(&effects).contains(&"FailingOver"));
+        assert_eq!(primary_assessment(&all).reason, "Fenced");
+        // Unfenced when the annotation goes.
+        let mut fenced = view("db-2", &[]);
+        fenced.fenced = true;
+        let mut later = state;
+        later.commands.clear();
+        later.stale.clear();
+        later.cluster = Some(plain);
+        let (_, effects) = step(later, ClusterEvent::Observed(fenced));
+        assert_eq!(
+            commands(&effects),
+            vec![("db-2".into(), Command::Fence(false))]
+        );
+    }
+
+    #[test]
+    fn a_switchover_stops_the_primary_waits_for_its_last_wal_then_promotes() {
+        let plain = cluster(3, false, &[]);
+        let state = settled(annotated(&plain, SWITCHOVER_ANNOTATION, "db-2"), 3);
+        let primary = state_view_at(&state, "db-1", 1);
+        let (state, effects) = step(idle(state), ClusterEvent::Observed(primary));
+        assert_eq!(notes(&effects), vec!["Switchover"]);
+        assert_eq!(commands(&effects), vec![("db-1".into(), Command::Demote)]);
+        assert!(
+            grants(&effects).is_empty(),
+            "no more leases for the old primary"
+        );
+        let order = converge_order(&effects).expect("the old primary leaves -rw");
+        assert!(order.failover.as_ref().is_some_and(|f| f.switchover));
+        // Stopped at 0/7000028: the target must receive past it.
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Finished {
+                instance: "db-1".into(),
+                command: Command::Demote,
+                outcome: Ok(json!({"fenced": false, "checkpointLsn": "0/7000028"})),
+            },
+        );
+        assert!(commands(&effects).is_empty(), "db-2 is at 0/3000000");
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 2, "0/70000A0")),
+        );
+        let promoted = commands(&effects);
+        assert!(matches!(&promoted[..], [(name, Command::Promote(_))] if name == "db-2"));
+        let (state, effects) = step(
+            idle(state),
+            ClusterEvent::Finished {
+                instance: "db-2".into(),
+                command: promoted[0].1.clone(),
+                outcome: Ok(json!({"changed": true})),
+            },
+        );
+        assert_eq!(state.primary.as_deref(), Some("db-2"));
+        assert!(state.switchover.is_none());
+        assert_eq!(notes(&effects), vec!["SwitchedOver"]);
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, ClusterEffect::ClearSwitchover))
+        );
+    }
+
+    #[test]
+    fn a_switchover_to_an_instance_that_cannot_take_over_is_refused() {
+        let plain = cluster(2, false, &[]);
+        let state = settled(annotated(&plain, SWITCHOVER_ANNOTATION, "db-7"), 2);
+        let primary = state_view_at(&state, "db-1", 1);
+        let (state, effects) = step(state, ClusterEvent::Observed(primary));
+        assert_eq!(notes(&effects), vec!["SwitchoverRefused"]);
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, ClusterEffect::ClearSwitchover))
+        );
+        assert!(state.switchover.is_none());
+    }
+
+    #[test]
+    fn a_switchover_whose_target_does_not_catch_up_becomes_a_failover() {
+        let plain = cluster(3, false, &[]);
+        let state = settled(annotated(&plain, SWITCHOVER_ANNOTATION, "db-2"), 3);
+        let (state, _) = step(
+            state.clone(),
+            ClusterEvent::Observed(state_view_at(&state, "db-1", 1)),
+        );
+        let (state, _) = step(
+            state,
+            ClusterEvent::Finished {
+                instance: "db-1".into(),
+                command: Command::Demote,
+                outcome: Ok(json!({"checkpointLsn": "0/9000000"})),
+            },
+        );
+        let late = 2 + SWITCHOVER_CATCH_UP.as_secs();
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), late, "0/5000000")),
+        );
+        assert!(notes(&effects).contains(&"SwitchoverFailed"));
+        assert!(state.switchover.is_none());
+        assert!(state.failover.is_some());
+    }
+
+    #[test]
+    fn draining_the_primarys_node_switches_over_to_a_replica_elsewhere() {
+        let mut state = settled(cluster(3, false, &[]), 3);
+        if let Some(member) = state.members.get_mut("db-1") {
+            member.cordoned = true;
+        }
+        if let Some(member) = state.members.get_mut("db-3") {
+            member.cordoned = true;
+        }
+        let primary = state_view_at(&state, "db-1", 1);
+        let (state, effects) = step(state, ClusterEvent::Observed(primary));
+        assert_eq!(notes(&effects), vec!["Switchover"]);
+        assert_eq!(
+            state.switchover.as_ref().map(|s| s.to.as_str()),
+            Some("db-2")
+        );
+    }
+
+    #[test]
+    fn with_required_durability_a_named_standby_that_stops_streaming_stays_named() {
+        let mut state = settled(cluster(3, true, &[]), 3);
+        let mut primary = primary_view(&["db-2", "db-3"], "ANY 1 (\"db-2\", \"db-3\")");
+        primary.standbys.retain(|s| s.name == "db-2");
+        state.views.insert("db-1".into(), primary.clone());
+        let (_, effects) = step(state, ClusterEvent::Observed(primary.clone()));
+        assert!(
+            commands(&effects).is_empty(),
+            "db-3 stays in the quorum: {effects:?}"
+        );
+        // Preferred drops it.
+        let mut spec = (*cluster(3, true, &[])).clone();
+        if let Some(replication) = spec.spec.replication.as_mut() {
+            replication.data_durability = Some(DataDurability::Preferred);
+        }
+        let mut state = settled(Arc::new(spec), 3);
+        state.views.insert("db-1".into(), primary.clone());
+        let (_, effects) = step(state, ClusterEvent::Observed(primary));
+        assert!(matches!(
+            &commands(&effects)[..],
+            [(_, Command::Reload { sync_names: Some(names), .. })] if names == "ANY 1 (\"db-2\")"
+        ));
+    }
+
+    #[test]
+    fn too_few_streaming_standbys_is_a_condition_and_an_event() {
+        let state = settled(cluster(2, true, &[]), 2);
+        let mut alone = primary_view(&["db-2"], "ANY 1 (\"db-2\")");
+        alone.standbys.clear();
+        let (state, effects) = steps(
+            state.clone(),
+            vec![
+                ClusterEvent::Observed(state_view_at(&state, "db-1", 0)),
+                ClusterEvent::Observed(alone),
+            ],
+        );
+        assert_eq!(notes(&effects), vec!["CommitsWaiting"]);
+        let order = converge_order(&effects).expect("status shows it");
+        assert!(
+            order
+                .synchronous_condition
+                .as_ref()
+                .is_some_and(|a| a.status)
+        );
+        assert_eq!(
+            synchronous_assessment(&state, state.cluster.as_ref().expect("cluster"))
+                .map(|a| a.reason),
+            Some("CommitsWaiting")
+        );
+        let (_, effects) = steps(
+            state,
+            vec![ClusterEvent::Observed(primary_view(
+                &["db-2"],
+                "ANY 1 (\"db-2\")",
+            ))],
+        );
+        assert_eq!(notes(&effects), vec!["QuorumStreaming"]);
+    }
+
+    #[test]
+    fn the_primary_is_told_to_make_missing_slots() {
+        let mut state = settled(cluster(2, false, &[]), 2);
+        let mut primary = primary_view(&["db-2"], "");
+        primary.slots.clear();
+        state.views.insert("db-1".into(), primary.clone());
+        let (_, effects) = step(state, ClusterEvent::Observed(primary));
+        assert!(matches!(
+            &commands(&effects)[..],
+            [(_, Command::Reload { slots: Some(slots), .. })] if slots == &vec!["db-2".to_owned()]
+        ));
     }
 }

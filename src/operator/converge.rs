@@ -6,8 +6,10 @@
 use std::collections::BTreeMap;
 
 use castellan_crds::DatabaseCluster;
-use castellan_crds::database_cluster::{DatabaseClusterStatus, InstanceStatus};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use castellan_crds::database_cluster::{
+    DatabaseClusterStatus, InstanceStatus, ReplicationSlotStatus,
+};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -15,9 +17,10 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use super::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
-use super::cluster::{ConvergeOrder, Converged, Member, Note};
+use super::cluster::{Assessment, ConvergeOrder, Converged, Member, Note};
 use super::endpoints::Metrics;
 use super::shell::Shared;
+use crate::instance_api::RunningRole;
 
 pub const MANAGER: &str = "castellan-operator";
 
@@ -201,15 +204,47 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         .filter_map(|pod| Some((instance_number(cluster, &pod)?, pod)))
         .collect();
 
-    // The primary is the one status names; a new cluster's first instance.
-    let primary = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.current_primary.as_deref())
+    // The primary is the one the machine decided on, else the one status names; a new
+    // cluster's first instance.
+    let primary = order
+        .primary
+        .as_deref()
+        .or_else(|| {
+            cluster
+                .status
+                .as_ref()
+                .and_then(|s| s.current_primary.as_deref())
+        })
         .and_then(|p| p.strip_prefix(&format!("{name}-")))
         .and_then(|n| n.parse::<u32>().ok())
         .unwrap_or(1);
     let primary_ready = existing.get(&primary).is_some_and(pod_ready);
+    // Once any instance has data the cluster has had data: from then on no empty
+    // volume is initialised again.
+    let initialized = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.initialized)
+        .unwrap_or(false)
+        || order.views.iter().any(|v| v.role.is_some());
+
+    // -rw follows the primary's label: only the primary has it, and nobody while a
+    // failover replaces it (the old primary leaves -rw at once).
+    for (n, pod) in &existing {
+        let wanted = if *n == primary && order.failover.is_none() {
+            StartRole::Primary
+        } else {
+            StartRole::Replica
+        };
+        if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(wanted.as_str()) {
+            let pod_name = pod.name_any();
+            let patch = json!({"metadata": {"labels": {ROLE_LABEL: wanted.as_str()}}});
+            pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(kube_error(format!("labelling pod {pod_name}"), cluster))?;
+            tracing::info!(cluster = %name, pod = %pod_name, role = wanted.as_str(), "relabelled instance");
+        }
+    }
 
     let mut created = BTreeMap::new();
     for n in 1..=desired {
@@ -228,7 +263,8 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         // A primary starts asynchronous; synchronous standbys are named once they
         // stream (below), or its own bootstrap writes would wait for replicas that
         // cannot exist before it is ready.
-        let pod = build::pod(cluster, n, role, &upstream, "", &context.settings);
+        let allow_initdb = role == StartRole::Primary && !initialized;
+        let pod = build::pod(cluster, n, role, &upstream, allow_initdb, &context.settings);
         let pod_name = pod.name_any();
         pods.create(&PostParams::default(), &pod)
             .await
@@ -279,21 +315,30 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         }
     }
 
-    // Status from the instances' latest views (their actors read them).
+    // Status from the instances' latest views (their actors read them): the role is what
+    // each instance manager reports, not what its labels say.
+    let primary_view = order
+        .views
+        .iter()
+        .find(|v| v.role == Some(RunningRole::Primary) && v.reachable && v.running);
     let instances: Vec<InstanceStatus> = existing
         .values()
         .map(|pod| {
             let pod_name = pod.name_any();
-            let view = order.views.iter().find(|v| v.name == pod_name);
-            let primary_view = order
+            let view = order
                 .views
                 .iter()
-                .find(|v| v.role.as_deref() == Some("primary") && v.reachable);
+                .find(|v| v.name == pod_name && v.reachable);
             InstanceStatus {
                 node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-                role: pod.labels().get(ROLE_LABEL).cloned(),
+                role: view
+                    .and_then(|v| v.role)
+                    .map(|role| role.as_str().to_owned())
+                    .or_else(|| pod.labels().get(ROLE_LABEL).cloned()),
+                fenced: view.is_some_and(|v| v.fenced),
+                timeline: view.and_then(|v| v.timeline),
                 ready: pod_ready(pod),
-                lsn: view.and_then(|v| v.lsn.clone()),
+                lsn: view.and_then(|v| v.lsn).map(|lsn| lsn.to_string()),
                 lag_seconds: view.and_then(|v| v.lag_seconds),
                 lag_bytes: primary_view.and_then(|p| {
                     p.standbys
@@ -305,6 +350,22 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
             }
         })
         .collect();
+    let replication_slots: Vec<ReplicationSlotStatus> = order
+        .views
+        .iter()
+        .find(|v| v.name == build::instance_name(cluster, primary) && v.reachable)
+        .map(|view| {
+            view.slots
+                .iter()
+                .map(|slot| ReplicationSlotStatus {
+                    name: slot.name.clone(),
+                    active: slot.active,
+                    retained_wal_bytes: slot.retained_bytes,
+                    wal_status: slot.wal_status.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
 
     let ready = i32::try_from(instances.iter().filter(|i| i.ready).count()).unwrap_or(i32::MAX);
     let remaining = existing.len() - removed.len();
@@ -313,6 +374,10 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         && existing.len() == desired as usize;
     let phase = if order.degraded.is_some() {
         "Degraded"
+    } else if order.failover.is_some() {
+        "FailingOver"
+    } else if order.primary_condition.reason == "Fenced" {
+        "Fenced"
     } else if all_ready {
         "Ready"
     } else if existing.is_empty() {
@@ -349,9 +414,21 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 },
             ),
             degraded_condition(cluster, order.degraded.as_deref()),
-        ],
+            assessed(cluster, "PrimaryAvailable", &order.primary_condition),
+        ]
+        .into_iter()
+        .chain(
+            order
+                .synchronous_condition
+                .as_ref()
+                .map(|a| assessed(cluster, "SynchronousReplication", a)),
+        )
+        .collect(),
         phase: Some(phase.to_owned()),
-        current_primary: existing.get(&primary).map(|pod| pod.name_any()),
+        current_primary: Some(build::instance_name(cluster, primary)),
+        target_primary: order.failover.as_ref().and_then(|f| f.target.clone()),
+        initialized: initialized.then_some(true),
+        replication_slots,
         ready_instances: Some(ready),
         instances,
         version: Some(cluster.spec.version.clone()),
@@ -361,6 +438,22 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         write_status(client, cluster, &json!({ "status": status })).await?;
     }
 
+    // Nodes being drained: the primary is switched over before its pod is evicted.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut cordoned = std::collections::BTreeSet::new();
+    let node_names: std::collections::BTreeSet<&String> = existing
+        .values()
+        .filter_map(|pod| pod.spec.as_ref()?.node_name.as_ref())
+        .collect();
+    for node_name in node_names {
+        let node = nodes
+            .get_opt(node_name)
+            .await
+            .map_err(kube_error(format!("reading node {node_name}"), cluster))?;
+        if node.is_some_and(|n| n.spec.and_then(|s| s.unschedulable).unwrap_or(false)) {
+            cordoned.insert(node_name.clone());
+        }
+    }
     let mut members: BTreeMap<String, Member> = existing
         .iter()
         .filter(|(n, _)| !removed.contains(n))
@@ -370,10 +463,16 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 .as_ref()
                 .and_then(|s| s.pod_ip.as_ref())
                 .map(|ip| format!("{ip}:{INSTANCE_API_PORT}"));
+            let cordoned = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some_and(|node| cordoned.contains(node));
             let member = Member {
                 number: *n,
                 address,
                 primary: *n == primary,
+                cordoned,
             };
             (pod.name_any(), member)
         })
@@ -385,6 +484,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 number: n,
                 address: None,
                 primary: n == primary,
+                cordoned: false,
             },
         );
     }
@@ -392,6 +492,17 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         members,
         ready: all_ready,
     })
+}
+
+/// A condition the machine assessed.
+fn assessed(cluster: &DatabaseCluster, type_: &str, assessment: &Assessment) -> Condition {
+    condition(
+        cluster,
+        type_,
+        assessment.status,
+        assessment.reason,
+        assessment.message.clone(),
+    )
 }
 
 /// A condition, keeping its transition time when its status did not change.

@@ -12,6 +12,7 @@ pub mod build;
 mod cluster;
 mod converge;
 mod endpoints;
+mod failover;
 mod instance_client;
 mod leader;
 mod reconcile;

@@ -6,28 +6,47 @@
 //! Pure: the shell (`shell.rs`) performs the effects and feeds their outcomes back.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use castellan_actors::StateMachine;
 use serde_json::Value;
 
-/// How often an instance's status is read.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
+use crate::instance_api::{LeaseGrant, Lsn, PromoteRequest, RunningRole, StatusReport};
+
+/// How often an instance's status is read. It is also how often the primary's lease
+/// is renewed (`failover::LEASE_DURATION` is a few of these).
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// An instance as its instance manager last described it.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct InstanceView {
     pub name: String,
+    /// When it was read (the operator's clock).
+    pub at: SystemTime,
     /// The instance API answered.
     pub reachable: bool,
     /// Accepting connections in its role.
     pub ready: bool,
-    /// `primary` or `replica`, as the instance manager runs it.
-    pub role: Option<String>,
-    pub lsn: Option<String>,
+    /// The server runs (and answered).
+    pub running: bool,
+    /// The role its data is in, as its manager reports it: the truth about the
+    /// instance, whatever its pod's labels say.
+    pub role: Option<RunningRole>,
+    pub fenced: bool,
+    /// It holds the primary lease.
+    pub leased: bool,
+    /// Why it cannot start, when it cannot (an empty volume where data should be).
+    pub problem: Option<String>,
+    /// Write position on a primary, replay position on a replica.
+    pub lsn: Option<Lsn>,
+    /// Last position a replica received.
+    pub receive_lsn: Option<Lsn>,
+    pub timeline: Option<i64>,
     pub lag_seconds: Option<f64>,
     /// A primary's standbys, from `pg_stat_replication`.
     pub standbys: Vec<StandbyView>,
+    /// A primary's replication slots.
+    pub slots: Vec<crate::instance_api::Slot>,
     /// `synchronous_standby_names` in force.
     pub sync_names: String,
     /// The server parameters its configuration was written with.
@@ -38,6 +57,32 @@ pub struct InstanceView {
     pub error: Option<String>,
 }
 
+impl Default for InstanceView {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            at: SystemTime::UNIX_EPOCH,
+            reachable: false,
+            ready: false,
+            running: false,
+            role: None,
+            fenced: false,
+            leased: false,
+            problem: None,
+            lsn: None,
+            receive_lsn: None,
+            timeline: None,
+            lag_seconds: None,
+            standbys: Vec::new(),
+            slots: Vec::new(),
+            sync_names: String::new(),
+            parameters: None,
+            pending_restart: Vec::new(),
+            error: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StandbyView {
     pub name: String,
@@ -46,52 +91,54 @@ pub struct StandbyView {
 }
 
 impl InstanceView {
-    /// The view of `name` from its `/status` answer.
-    pub fn from_status(name: &str, status: &Value) -> Self {
-        let strings = |value: &Value| -> Vec<String> {
-            value
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
-        };
+    /// The view of `name` from its `/status` report, read at `at`.
+    pub fn from_report(name: &str, at: SystemTime, report: StatusReport) -> Self {
+        let server = report.server.unwrap_or_default();
+        let answered = report.error.is_none();
         Self {
             name: name.to_owned(),
+            at,
             reachable: true,
-            ready: status["ready"].as_bool().unwrap_or(false),
-            role: status["role"].as_str().map(str::to_owned),
-            lsn: status["lsn"].as_str().map(str::to_owned),
-            lag_seconds: status["lagSeconds"].as_f64(),
-            standbys: status["standbys"]
-                .as_array()
+            ready: report.ready,
+            running: answered,
+            role: report.role,
+            fenced: report.fenced,
+            leased: report.lease_remaining_ms.is_some(),
+            problem: report.problem,
+            lsn: server.lsn.as_deref().and_then(Lsn::parse),
+            receive_lsn: server.receive_lsn.as_deref().and_then(Lsn::parse),
+            timeline: server.timeline,
+            lag_seconds: server.lag_seconds,
+            standbys: server
+                .standbys
                 .into_iter()
-                .flatten()
-                .filter_map(|standby| {
-                    Some(StandbyView {
-                        name: standby["name"].as_str()?.to_owned(),
-                        streaming: standby["state"] == "streaming",
-                        lag_bytes: standby["lagBytes"].as_i64(),
-                    })
+                .map(|standby| StandbyView {
+                    streaming: standby.state == "streaming",
+                    lag_bytes: standby.lag_bytes,
+                    name: standby.name,
                 })
                 .collect(),
-            sync_names: status["synchronousStandbyNames"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            parameters: serde_json::from_value(status["parameters"].clone()).ok(),
-            pending_restart: strings(&status["pendingRestart"]),
-            error: status["error"].as_str().map(str::to_owned),
+            slots: server.slots,
+            sync_names: server.synchronous_standby_names,
+            parameters: Some(report.parameters),
+            pending_restart: server.pending_restart,
+            error: report.error,
         }
     }
 
-    /// The view of an instance whose API did not answer.
-    pub fn unreachable(name: &str, error: String) -> Self {
+    /// The view of an instance whose API did not answer at `at`.
+    pub fn unreachable(name: &str, at: SystemTime, error: String) -> Self {
         Self {
             name: name.to_owned(),
+            at,
             error: Some(error),
             ..Self::default()
         }
+    }
+
+    /// A running primary with its lease: the instance writes can go to.
+    pub fn serving_as_primary(&self) -> bool {
+        self.reachable && self.ready && self.role == Some(RunningRole::Primary)
     }
 }
 
@@ -99,13 +146,21 @@ impl InstanceView {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     /// Rewrite the configuration and reload: parameters, and on a primary the
-    /// synchronous standby names.
+    /// synchronous standby names and the slots to keep.
     Reload {
         parameters: BTreeMap<String, String>,
         sync_names: Option<String>,
+        slots: Option<Vec<String>>,
     },
     /// Restart PostgreSQL (for parameters that need it).
     Restart,
+    /// Become primary.
+    Promote(PromoteRequest),
+    /// Stop as primary and follow the current one (pg_rewind), or fill an empty volume
+    /// from it.
+    Demote,
+    /// Stop the server and keep it stopped (true), or let it run again.
+    Fence(bool),
 }
 
 impl Command {
@@ -113,6 +168,10 @@ impl Command {
         match self {
             Command::Reload { .. } => "reload",
             Command::Restart => "restart",
+            Command::Promote(_) => "promote",
+            Command::Demote => "demote",
+            Command::Fence(true) => "fence",
+            Command::Fence(false) => "unfence",
         }
     }
 }
@@ -144,13 +203,16 @@ impl ReplicaState {
 pub enum ReplicaEvent {
     /// From the cluster: the pod's current instance API address.
     Track(Option<String>),
-    /// The poll timer fired.
-    Poll,
-    /// A status read finished; `next_poll` when it was the polling loop's.
+    /// The poll timer fired at this time.
+    Poll(SystemTime),
+    /// A status read finished at `at`; `next_poll` when it was the polling loop's.
     Polled {
-        outcome: Result<Value, String>,
+        outcome: Result<Box<StatusReport>, String>,
+        at: SystemTime,
         next_poll: bool,
     },
+    /// From the cluster: renew this instance's primary lease.
+    Grant(LeaseGrant),
     /// From the cluster: run a command (queued behind a running one).
     Run(Command),
     /// A command finished.
@@ -173,6 +235,9 @@ pub enum ReplicaEffect {
     },
     /// Deliver `Poll` after the delay.
     PollAfter(Duration),
+    /// Send a lease grant to the instance API at the address (its outcome only logged:
+    /// the cluster counts a grant as given whether or not it arrives).
+    Lease(String, LeaseGrant),
 }
 
 impl StateMachine for ReplicaMachine {
@@ -183,13 +248,14 @@ impl StateMachine for ReplicaMachine {
     fn label(event: &ReplicaEvent) -> String {
         match event {
             ReplicaEvent::Track(address) => format!("Track({address:?})"),
-            ReplicaEvent::Poll => "Poll".into(),
+            ReplicaEvent::Poll(_) => "Poll".into(),
             ReplicaEvent::Polled { outcome: Ok(_), .. } => "Polled".into(),
             ReplicaEvent::Polled {
                 outcome: Err(error),
                 ..
             } => format!("PollFailed({error})"),
             ReplicaEvent::Run(command) => format!("Run({})", command.name()),
+            ReplicaEvent::Grant(_) => "Grant".into(),
             ReplicaEvent::Ran(outcome) => format!("Ran(ok: {})", outcome.is_ok()),
         }
     }
@@ -216,11 +282,26 @@ impl StateMachine for ReplicaMachine {
                 // A command may have waited for the address.
                 start_next(&mut state, &mut effects);
             }
-            ReplicaEvent::Poll => effects.push(fetch_or_wait(&state)),
-            ReplicaEvent::Polled { outcome, next_poll } => {
+            ReplicaEvent::Poll(at) => {
+                if state.address.is_none() {
+                    // No address (a pod being made, or gone): that is news too. A view
+                    // left from before would hide that the instance is not there.
+                    effects.push(ReplicaEffect::Report(InstanceView::unreachable(
+                        &state.name,
+                        at,
+                        "its pod has no address".to_owned(),
+                    )));
+                }
+                effects.push(fetch_or_wait(&state));
+            }
+            ReplicaEvent::Polled {
+                outcome,
+                at,
+                next_poll,
+            } => {
                 let view = match outcome {
-                    Ok(status) => InstanceView::from_status(&state.name, &status),
-                    Err(error) => InstanceView::unreachable(&state.name, error),
+                    Ok(report) => InstanceView::from_report(&state.name, at, *report),
+                    Err(error) => InstanceView::unreachable(&state.name, at, error),
                 };
                 effects.push(ReplicaEffect::Report(view));
                 if next_poll {
@@ -232,6 +313,11 @@ impl StateMachine for ReplicaMachine {
                     state.queued.push_back(command);
                 }
                 start_next(&mut state, &mut effects);
+            }
+            ReplicaEvent::Grant(grant) => {
+                if let Some(address) = state.address.clone() {
+                    effects.push(ReplicaEffect::Lease(address, grant));
+                }
             }
             ReplicaEvent::Ran(outcome) => {
                 if let Some(command) = state.running.take() {
@@ -273,6 +359,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::instance_api::{ServerStatus, Standby};
+
+    fn at() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(100)
+    }
 
     fn step(state: ReplicaState, event: ReplicaEvent) -> (ReplicaState, Vec<ReplicaEffect>) {
         ReplicaMachine::transition(state, event)
@@ -290,6 +381,7 @@ mod tests {
         Command::Reload {
             parameters: BTreeMap::from([("work_mem".into(), "8MB".into())]),
             sync_names: None,
+            slots: None,
         }
     }
 
@@ -336,7 +428,7 @@ mod tests {
 
     #[test]
     fn poll_fetches_from_the_current_address() {
-        let (_, effects) = step(tracked(), ReplicaEvent::Poll);
+        let (_, effects) = step(tracked(), ReplicaEvent::Poll(at()));
         assert_eq!(effects, vec![fetch("127.0.0.9:8000", true)]);
     }
 
@@ -344,6 +436,7 @@ mod tests {
     fn an_extra_read_reports_without_scheduling_a_poll() {
         let polled = ReplicaEvent::Polled {
             outcome: Err("refused".into()),
+            at: at(),
             next_poll: false,
         };
         let (_, effects) = step(tracked(), polled);
@@ -351,6 +444,7 @@ mod tests {
             effects,
             vec![ReplicaEffect::Report(InstanceView::unreachable(
                 "db-2",
+                at(),
                 "refused".into()
             ))]
         );
@@ -358,24 +452,45 @@ mod tests {
 
     #[test]
     fn a_read_status_is_reported_and_the_next_poll_scheduled() {
-        let status = json!({
-            "ready": true, "role": "primary", "lsn": "0/3000060", "lagSeconds": 0.0,
-            "standbys": [{"name": "db-1", "state": "streaming", "lagBytes": 0},
-                         {"name": "db-3", "state": "catchup", "lagBytes": 4096}],
-            "synchronousStandbyNames": "ANY 1 (\"db-1\")",
-            "parameters": {"work_mem": "8MB"},
-            "pendingRestart": ["max_connections"],
-        });
+        let standby = |name: &str, state: &str, lag: i64| Standby {
+            name: name.into(),
+            state: state.into(),
+            lag_bytes: Some(lag),
+            ..Standby::default()
+        };
+        let report = StatusReport {
+            instance: "db-2".into(),
+            role: Some(RunningRole::Primary),
+            ready: true,
+            lease_remaining_ms: Some(3000),
+            parameters: BTreeMap::from([("work_mem".into(), "8MB".into())]),
+            server: Some(ServerStatus {
+                lsn: Some("0/3000060".into()),
+                lag_seconds: Some(0.0),
+                standbys: vec![
+                    standby("db-1", "streaming", 0),
+                    standby("db-3", "catchup", 4096),
+                ],
+                synchronous_standby_names: "ANY 1 (\"db-1\")".into(),
+                pending_restart: vec!["max_connections".into()],
+                ..ServerStatus::default()
+            }),
+            ..StatusReport::default()
+        };
         let polled = ReplicaEvent::Polled {
-            outcome: Ok(status),
+            outcome: Ok(Box::new(report)),
+            at: at(),
             next_poll: true,
         };
         let (_, effects) = step(tracked(), polled);
         let ReplicaEffect::Report(view) = &effects[0] else {
             panic!("expected a report first: {effects:?}")
         };
-        assert!(view.reachable && view.ready);
-        assert_eq!(view.role.as_deref(), Some("primary"));
+        assert!(view.reachable && view.ready && view.running && view.leased);
+        assert!(view.serving_as_primary());
+        assert_eq!(view.at, at());
+        assert_eq!(view.lsn, Lsn::parse("0/3000060"));
+        assert_eq!(view.role, Some(RunningRole::Primary));
         assert_eq!(view.standbys.len(), 2);
         assert!(view.standbys[0].streaming && !view.standbys[1].streaming);
         assert_eq!(view.standbys[1].lag_bytes, Some(4096));
@@ -389,12 +504,13 @@ mod tests {
     fn a_failed_read_is_reported_as_unreachable() {
         let polled = ReplicaEvent::Polled {
             outcome: Err("refused".into()),
+            at: at(),
             next_poll: true,
         };
         let (_, effects) = step(tracked(), polled);
         assert_eq!(
             effects[0],
-            ReplicaEffect::Report(InstanceView::unreachable("db-2", "refused".into()))
+            ReplicaEffect::Report(InstanceView::unreachable("db-2", at(), "refused".into()))
         );
         assert_eq!(effects[1], ReplicaEffect::PollAfter(POLL_INTERVAL));
     }
@@ -466,5 +582,54 @@ mod tests {
         let (state, effects) = step(tracked(), ReplicaEvent::Ran(Ok(Value::Null)));
         assert!(effects.is_empty());
         assert_eq!(state, tracked());
+    }
+
+    #[test]
+    fn a_grant_goes_to_the_instance_at_once_even_behind_a_command() {
+        let grant = LeaseGrant {
+            valid_until_ms: 5000,
+            duration_ms: 4000,
+        };
+        let (state, _) = step(tracked(), ReplicaEvent::Run(Command::Restart));
+        let (state, effects) = step(state, ReplicaEvent::Grant(grant));
+        assert_eq!(
+            effects,
+            vec![ReplicaEffect::Lease("127.0.0.9:8000".into(), grant)]
+        );
+        assert_eq!(state.running, Some(Command::Restart));
+        // Without an address there is nowhere to send it.
+        let (_, effects) = step(ReplicaState::new("db-2"), ReplicaEvent::Grant(grant));
+        assert!(effects.is_empty());
+    }
+
+    #[test]
+    fn a_report_without_a_running_server_is_a_stopped_instance() {
+        let report = StatusReport {
+            instance: "db-1".into(),
+            role: Some(RunningRole::Primary),
+            problem: Some("the volume is empty".into()),
+            error: Some("postgres is not running".into()),
+            ..StatusReport::default()
+        };
+        let view = InstanceView::from_report("db-1", at(), report);
+        assert!(view.reachable && !view.running && !view.ready && !view.leased);
+        assert!(!view.serving_as_primary());
+        assert_eq!(view.problem.as_deref(), Some("the volume is empty"));
+    }
+
+    #[test]
+    fn a_poll_without_an_address_reports_the_instance_unreachable() {
+        let (_, effects) = step(ReplicaState::new("db-2"), ReplicaEvent::Poll(at()));
+        assert_eq!(
+            effects,
+            vec![
+                ReplicaEffect::Report(InstanceView::unreachable(
+                    "db-2",
+                    at(),
+                    "its pod has no address".into()
+                )),
+                ReplicaEffect::PollAfter(POLL_INTERVAL),
+            ]
+        );
     }
 }

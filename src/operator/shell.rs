@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 use castellan_actors::{
@@ -24,18 +24,22 @@ use serde_json::json;
 use tracing::Instrument;
 
 use super::build;
-use super::cluster::{ClusterEffect, ClusterEvent, ClusterMachine, ClusterState, Note};
+use super::cluster::{
+    ClusterEffect, ClusterEvent, ClusterMachine, ClusterState, Note, SWITCHOVER_ANNOTATION,
+};
 use super::converge;
 use super::endpoints::Metrics;
 use super::instance_client;
 use super::replica::{Command, ReplicaEffect, ReplicaEvent, ReplicaMachine, ReplicaState};
+use crate::instance_api::{FenceRequest, ReloadRequest, StatusReport};
 
 pub type ClusterActor = MachineActor<ClusterMachine, ClusterEffects>;
 pub type ReplicaActor = MachineActor<ReplicaMachine, ReplicaEffects>;
 pub type Root = Supervisor<ClusterActor>;
 
-/// How long a restart of PostgreSQL may take before the call counts as failed.
-const RESTART_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a command (a restart or promotion of PostgreSQL the longest) may take
+/// before the call counts as failed.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// What every executor needs: the API client, settings, and the tokio runtime that
 /// performs the I/O.
@@ -276,6 +280,37 @@ impl Effects<ClusterMachine> for ClusterEffects {
                     events.do_send(Event::root(ClusterEvent::Retry));
                 });
             }
+            ClusterEffect::ClearSwitchover => {
+                let shared = self.shared.clone();
+                let reference = self.reference.clone();
+                let span = tracing::info_span!("clear switchover request");
+                self.spawn_io(span, async move {
+                    let (Some(namespace), Some(name)) = (&reference.namespace, &reference.name)
+                    else {
+                        return;
+                    };
+                    let clusters: kube::Api<DatabaseCluster> =
+                        kube::Api::namespaced(shared.client.clone(), namespace);
+                    let patch = json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}});
+                    if let Err(error) = clusters
+                        .patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+                        .await
+                    {
+                        tracing::warn!(cluster = %name, %error, "could not remove the switchover request");
+                    }
+                });
+            }
+            ClusterEffect::Grant { instance, grant } => {
+                let supervisor = self.replicas(&events);
+                actix::spawn(async move {
+                    if let Ok(Some(actor)) = supervisor
+                        .send(GetChild::<ReplicaActor>::new(instance))
+                        .await
+                    {
+                        actor.do_send(Event::root(ReplicaEvent::Grant(grant)));
+                    }
+                });
+            }
         }
     }
 }
@@ -296,14 +331,33 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                 let span = tracing::info_span!("read instance status", instance = %self.instance);
                 self.shared.runtime.spawn(
                     async move {
-                        let outcome = instance_client::call("GET", &address, "/status", None).await;
+                        let outcome = instance_client::call("GET", &address, "/status", None)
+                            .await
+                            .map_err(|e| e.to_string())
+                            .and_then(|body| {
+                                serde_json::from_value::<StatusReport>(body)
+                                    .map(Box::new)
+                                    .map_err(|e| format!("reading the status report: {e}"))
+                            });
                         events.do_send(Event::new(ReplicaEvent::Polled {
-                            outcome: outcome.map_err(|e| e.to_string()),
+                            outcome,
+                            at: SystemTime::now(),
                             next_poll,
                         }));
                     }
                     .instrument(span),
                 );
+            }
+            ReplicaEffect::Lease(address, grant) => {
+                let instance = self.instance.clone();
+                self.shared.runtime.spawn(async move {
+                    let body = json!(grant);
+                    if let Err(error) =
+                        instance_client::call("POST", &address, "/lease", Some(&body)).await
+                    {
+                        tracing::warn!(%instance, %error, "the lease grant did not arrive");
+                    }
+                });
             }
             ReplicaEffect::Call(address, command) => {
                 let span = tracing::info_span!(
@@ -313,27 +367,37 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                 );
                 self.shared.runtime.spawn(
                     async move {
+                        let post = |path: &'static str, body: serde_json::Value| {
+                            let address = address.clone();
+                            async move {
+                                instance_client::call_within(
+                                    "POST",
+                                    &address,
+                                    path,
+                                    Some(&body),
+                                    COMMAND_TIMEOUT,
+                                )
+                                .await
+                            }
+                        };
                         let outcome = match &command {
                             Command::Reload {
                                 parameters,
                                 sync_names,
+                                slots,
                             } => {
-                                let mut body = json!({ "parameters": parameters });
-                                if let Some(names) = sync_names {
-                                    body["synchronousStandbyNames"] = json!(names);
-                                }
-                                instance_client::call("POST", &address, "/reload", Some(&body))
-                                    .await
+                                let body = ReloadRequest {
+                                    parameters: Some(parameters.clone()),
+                                    synchronous_standby_names: sync_names.clone(),
+                                    slots: slots.clone(),
+                                };
+                                post("/reload", json!(body)).await
                             }
-                            Command::Restart => {
-                                instance_client::call_within(
-                                    "POST",
-                                    &address,
-                                    "/restart",
-                                    None,
-                                    RESTART_TIMEOUT,
-                                )
-                                .await
+                            Command::Restart => post("/restart", json!({})).await,
+                            Command::Promote(request) => post("/promote", json!(request)).await,
+                            Command::Demote => post("/demote", json!({})).await,
+                            Command::Fence(fenced) => {
+                                post("/fence", json!(FenceRequest { fenced: *fenced })).await
                             }
                         };
                         events.do_send(Event::new(ReplicaEvent::Ran(
@@ -357,7 +421,7 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
             ReplicaEffect::PollAfter(delay) => {
                 self.shared.runtime.spawn(async move {
                     tokio::time::sleep(delay).await;
-                    events.do_send(Event::root(ReplicaEvent::Poll));
+                    events.do_send(Event::root(ReplicaEvent::Poll(SystemTime::now())));
                 });
             }
         }

@@ -1,0 +1,326 @@
+//! The contract between the operator and the instance manager: the request and
+//! response bodies of the instance API (`castellan instance`'s HTTP endpoints), in one
+//! module both sides use, so that neither indexes JSON by string that the other built
+//! by hand.
+//!
+//! It also holds the two pieces of arithmetic both sides must agree on: WAL positions
+//! ([`Lsn`]) and the primary lease ([`LeaseGrant`]). The lease is what keeps two
+//! primaries from accepting writes at the same time; `docs/failover.md` gives the
+//! argument.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// A WAL position (`pg_lsn`), comparable. PostgreSQL writes it as two hexadecimal
+/// halves, `16/B374D848`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lsn(pub u64);
+
+impl Lsn {
+    pub fn parse(text: &str) -> Option<Self> {
+        let (high, low) = text.trim().split_once('/')?;
+        let high = u64::from_str_radix(high, 16).ok()?;
+        let low = u64::from_str_radix(low, 16).ok()?;
+        (high <= u64::from(u32::MAX) && low <= u64::from(u32::MAX))
+            .then_some(Self((high << 32) | low))
+    }
+}
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
+    }
+}
+
+/// Permission to run as primary until `valid_until` (the operator's wall clock, in
+/// milliseconds since the Unix epoch) and for at most `duration_ms` after it arrives
+/// (the instance's own monotonic clock). The instance keeps whichever ends first, so a
+/// grant that arrives late (a delayed packet, a paused process) grants nothing past
+/// its wall-clock end, and a clock that jumps cannot stretch it past its duration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseGrant {
+    pub valid_until_ms: u64,
+    pub duration_ms: u64,
+}
+
+impl LeaseGrant {
+    /// A grant of `duration` from `now`.
+    pub fn starting(now: SystemTime, duration: Duration) -> Self {
+        Self {
+            valid_until_ms: millis_since_epoch(now + duration),
+            duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// When the grant ends by the operator's clock.
+    pub fn valid_until(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.valid_until_ms)
+    }
+
+    /// How long the grant still runs for an instance that receives it at `now` (its
+    /// wall clock): nothing once its wall-clock end has passed.
+    pub fn remaining_at(&self, now: SystemTime) -> Duration {
+        let by_wall_clock = self
+            .valid_until()
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO);
+        by_wall_clock.min(Duration::from_millis(self.duration_ms))
+    }
+}
+
+pub fn millis_since_epoch(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// `primary` or `replica`: how the instance manager runs its server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunningRole {
+    Primary,
+    Replica,
+}
+
+impl RunningRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunningRole::Primary => "primary",
+            RunningRole::Replica => "replica",
+        }
+    }
+}
+
+/// `GET /status`: the instance as its manager sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub instance: String,
+    /// The role the manager runs the server in (absent before bootstrap decided it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<RunningRole>,
+    /// The server accepts connections in that role.
+    pub ready: bool,
+    /// The server is stopped on purpose: fenced by the user, or a primary whose lease
+    /// ran out.
+    #[serde(default)]
+    pub fenced: bool,
+    /// Milliseconds left of the primary lease, when it holds one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_remaining_ms: Option<u64>,
+    /// Why the data directory could not be made or started, when it could not (for
+    /// example an empty volume where data should be).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    /// The parameters the configuration was last written with.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+    /// What the server itself reports, when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerStatus>,
+    /// Why the server could not be asked, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The server's state as the operator needs it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerStatus {
+    pub in_recovery: bool,
+    pub timeline: Option<i64>,
+    /// Write LSN on a primary, replay LSN on a replica.
+    pub lsn: Option<String>,
+    /// Last WAL position a replica received (flushed to its disk).
+    pub receive_lsn: Option<String>,
+    /// Seconds since the primary's last heartbeat, as replayed here.
+    pub lag_seconds: Option<f64>,
+    /// Whether a replica's WAL receiver is streaming.
+    pub streaming: Option<bool>,
+    pub standbys: Vec<Standby>,
+    /// A primary's replication slots.
+    #[serde(default)]
+    pub slots: Vec<Slot>,
+    pub server_version: String,
+    /// `synchronous_standby_names` in force.
+    pub synchronous_standby_names: String,
+    /// Parameters whose new value waits for a restart (`pg_settings.pending_restart`).
+    pub pending_restart: Vec<String>,
+}
+
+/// One standby as the primary sees it in `pg_stat_replication`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Standby {
+    pub name: String,
+    pub state: String,
+    pub sync_state: String,
+    pub replay_lsn: Option<String>,
+    pub lag_bytes: Option<i64>,
+}
+
+/// A physical replication slot on the primary and the WAL it holds back.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Slot {
+    pub name: String,
+    pub active: bool,
+    /// Bytes of WAL kept for it (`pg_current_wal_lsn() - restart_lsn`).
+    pub retained_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (`pg_replication_slots.wal_status`).
+    pub wal_status: Option<String>,
+}
+
+/// `POST /lease`: renews the primary lease.
+pub type LeaseRequest = LeaseGrant;
+
+/// `POST /lease`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseResponse {
+    /// Milliseconds the lease now runs for, by the instance's clock.
+    pub remaining_ms: u64,
+}
+
+/// `POST /promote`: become primary, holding `lease`, with a slot for each of `slots`
+/// (the instances that will follow it: slots are not replicated, so a promoted
+/// replica has none).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromoteRequest {
+    pub lease: LeaseGrant,
+    #[serde(default)]
+    pub slots: Vec<String>,
+}
+
+/// `POST /promote`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromoteResponse {
+    /// False when it already was primary.
+    pub changed: bool,
+    pub timeline: Option<i64>,
+}
+
+/// `POST /fence`: stop the server and keep it stopped (true), or let it run (false).
+/// Fencing survives a restart of the pod: it is recorded on the volume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceRequest {
+    pub fenced: bool,
+}
+
+/// `POST /fence`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceResponse {
+    pub fenced: bool,
+    /// The last checkpoint of the stopped server (`pg_controldata`): a primary stopped
+    /// cleanly has sent its WAL up to here to its streaming standbys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_lsn: Option<String>,
+}
+
+/// `POST /reload`: rewrite the configuration and reload.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReloadRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous_standby_names: Option<String>,
+    /// On a primary: the instances that should have a slot; other Castellan slots
+    /// that nothing uses are dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<Vec<String>>,
+}
+
+/// `POST /reload`'s answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReloadResponse {
+    pub pending_restart: Vec<String>,
+}
+
+/// Name of the replication slot an instance streams from: PostgreSQL allows lowercase
+/// letters, digits and `_` only.
+pub fn slot_name(instance_name: &str) -> String {
+    let cleaned: String = instance_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("castellan_{cleaned}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsns_parse_compare_and_print() {
+        let a = Lsn::parse("16/B374D848").expect("an lsn");
+        let b = Lsn::parse("17/0").expect("an lsn");
+        assert!(a < b);
+        assert_eq!(a.to_string(), "16/B374D848");
+        assert_eq!(Lsn::parse("0/3000060"), Some(Lsn(0x300_0060)));
+        assert_eq!(Lsn::parse("nonsense"), None);
+        assert_eq!(Lsn::parse("1FFFFFFFF/0"), None);
+    }
+
+    #[test]
+    fn a_lease_runs_for_the_shorter_of_its_two_ends() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let grant = LeaseGrant::starting(now, Duration::from_secs(4));
+        assert_eq!(grant.remaining_at(now), Duration::from_secs(4));
+        // Arriving late: only what is left by the wall clock.
+        assert_eq!(
+            grant.remaining_at(now + Duration::from_secs(3)),
+            Duration::from_secs(1)
+        );
+        // Arriving after its end: nothing.
+        assert_eq!(
+            grant.remaining_at(now + Duration::from_secs(5)),
+            Duration::ZERO
+        );
+        // A clock behind the operator's cannot stretch it past its duration.
+        assert_eq!(
+            grant.remaining_at(now - Duration::from_secs(60)),
+            Duration::from_secs(4)
+        );
+    }
+
+    #[test]
+    fn status_reports_round_trip() {
+        let report = StatusReport {
+            instance: "db-1".into(),
+            role: Some(RunningRole::Primary),
+            ready: true,
+            lease_remaining_ms: Some(3000),
+            server: Some(ServerStatus {
+                lsn: Some("0/3000060".into()),
+                ..ServerStatus::default()
+            }),
+            ..StatusReport::default()
+        };
+        let json = serde_json::to_value(&report).expect("serialises");
+        assert_eq!(json["role"], "primary");
+        assert_eq!(json["leaseRemainingMs"], 3000);
+        let back: StatusReport = serde_json::from_value(json).expect("deserialises");
+        assert_eq!(back, report);
+    }
+
+    #[test]
+    fn slot_names_are_identifiers() {
+        assert_eq!(slot_name("Orders-2"), "castellan_orders_2");
+    }
+}
