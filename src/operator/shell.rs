@@ -41,6 +41,10 @@ pub type Root = Supervisor<ClusterActor>;
 /// before the call counts as failed.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How long a status read may take. Polls run every second; an instance that cannot
+/// answer within two is not serving, and waiting longer would only delay a failover.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// What every executor needs: the API client, settings, and the tokio runtime that
 /// performs the I/O.
 pub struct Shared {
@@ -331,17 +335,26 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                 let span = tracing::info_span!("read instance status", instance = %self.instance);
                 self.shared.runtime.spawn(
                     async move {
-                        let outcome = instance_client::call("GET", &address, "/status", None)
-                            .await
-                            .map_err(|e| e.to_string())
-                            .and_then(|body| {
-                                serde_json::from_value::<StatusReport>(body)
-                                    .map(Box::new)
-                                    .map_err(|e| format!("reading the status report: {e}"))
-                            });
+                        // Dated from when it was asked: a view is true at least then, and a
+                        // lease granted from it ends no later than the operator counts.
+                        let asked = SystemTime::now();
+                        let outcome = instance_client::call_within(
+                            "GET",
+                            &address,
+                            "/status",
+                            None,
+                            STATUS_TIMEOUT,
+                        )
+                        .await
+                        .map_err(|e| e.to_string())
+                        .and_then(|body| {
+                            serde_json::from_value::<StatusReport>(body)
+                                .map(Box::new)
+                                .map_err(|e| format!("reading the status report: {e}"))
+                        });
                         events.do_send(Event::new(ReplicaEvent::Polled {
                             outcome,
-                            at: SystemTime::now(),
+                            at: asked,
                             next_poll,
                         }));
                     }

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod disks;
+pub mod faults;
 pub mod postgres;
 
 use std::path::PathBuf;

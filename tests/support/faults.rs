@@ -1,0 +1,294 @@
+//! Faults for the failover suite and benchmark, injected the way a machine or a person
+//! causes them: a killed process, a stopped node, a frozen primary, a lost volume — and
+//! a writer that records every commit the cluster acknowledged, to check afterwards
+//! that none was lost.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgConnection};
+
+use super::cluster::{instance_addresses, jsonpath, secret_value};
+use super::{kubeconfig_path, kubectl_ok};
+
+/// Sends `signal` (a name such as `KILL`) to `pid`.
+pub fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args(["-s", signal, "--", &pid.to_string()])
+        .status();
+}
+
+/// The host directory of an instance's volume (its PV's local path).
+pub fn volume_path(namespace: &str, pod: &str) -> PathBuf {
+    let pv = jsonpath("pvc", pod, namespace, "{.spec.volumeName}");
+    assert!(!pv.is_empty(), "the claim of {pod} is bound");
+    PathBuf::from(kubectl_ok(&[
+        "get",
+        "pv",
+        &pv,
+        "-o",
+        "jsonpath={.spec.local.path}",
+    ]))
+}
+
+/// The postmaster's pid of an instance, from `postmaster.pid` on its volume.
+pub fn postmaster_pid(namespace: &str, pod: &str) -> Option<u32> {
+    let file = volume_path(namespace, pod).join("pgdata/postmaster.pid");
+    std::fs::read_to_string(file)
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The parent of a process.
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 4, after the command name in parentheses (which may hold spaces).
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn children(pid: u32) -> Vec<u32> {
+    let out = Command::new("pgrep")
+        .args(["-P", &pid.to_string()])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
+/// The instance manager (the pod's main process) of an instance: the postmaster's
+/// parent.
+pub fn instance_manager_pid(namespace: &str, pod: &str) -> Option<u32> {
+    parent(postmaster_pid(namespace, pod)?)
+}
+
+/// Every process of an instance: its manager, the postmaster and the backends.
+pub fn instance_processes(namespace: &str, pod: &str) -> Vec<u32> {
+    let Some(postmaster) = postmaster_pid(namespace, pod) else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = parent(postmaster).into_iter().collect();
+    pids.push(postmaster);
+    pids.extend(children(postmaster));
+    pids
+}
+
+/// `deploy/local/nodes.sh stop|start NAME` on the cluster under test.
+pub fn node(action: &str, name: &str) {
+    let dev = kubeconfig_path()
+        .parent()
+        .map(PathBuf::from)
+        .expect("the kubeconfig's directory");
+    let port_base = std::env::var("CASTELLAN_PORT_BASE").unwrap_or_else(|_| "26000".into());
+    let status = Command::new(super::repo().join("deploy/local/nodes.sh"))
+        .args([action, name])
+        .env("CASTELLAN_DEV_DIR", &dev)
+        .env("CASTELLAN_PORT_BASE", port_base)
+        .status()
+        .expect("running nodes.sh");
+    assert!(status.success(), "nodes.sh {action} {name}");
+}
+
+/// The node an instance runs on.
+pub fn node_of(namespace: &str, pod: &str) -> String {
+    jsonpath("pod", pod, namespace, "{.spec.nodeName}")
+}
+
+/// What the writer saw.
+#[derive(Default)]
+struct Ledger {
+    /// Ids whose commit the cluster acknowledged.
+    acknowledged: BTreeSet<i64>,
+    next: i64,
+    last_success: Option<Instant>,
+    /// The longest time between two acknowledged commits since the last reset.
+    longest_gap: Duration,
+    errors: u64,
+}
+
+/// Writes rows `(id, value)` into `ledger` through `-rw` without pause, recording each
+/// acknowledged commit; reconnects after any error. Stops when dropped.
+pub struct Writer {
+    ledger: Arc<Mutex<Ledger>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    pub async fn start(namespace: &str, cluster: &str) -> Self {
+        let host = jsonpath(
+            "svc",
+            &format!("{cluster}-rw"),
+            namespace,
+            "{.spec.clusterIP}",
+        );
+        let password = secret_value(namespace, &format!("{cluster}-app"), "password");
+        let options = PgConnectOptions::new()
+            .host(&host)
+            .port(5432)
+            .username("clerk")
+            .password(&password)
+            .database("shop");
+        let mut setup = super::postgres::connect(&host, "clerk", &password, "shop").await;
+        sqlx::query("create table if not exists ledger (id bigint primary key, value text)")
+            .execute(&mut setup)
+            .await
+            .expect("creating the ledger");
+        drop(setup);
+        let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let shared = ledger.clone();
+        let task = tokio::spawn(async move {
+            let mut connection: Option<PgConnection> = None;
+            loop {
+                let Some(conn) = connection.as_mut() else {
+                    match tokio::time::timeout(Duration::from_secs(2), options.connect()).await {
+                        Ok(Ok(conn)) => connection = Some(conn),
+                        _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                    continue;
+                };
+                let id = {
+                    let mut ledger = shared.lock().expect("ledger");
+                    ledger.next += 1;
+                    ledger.next
+                };
+                let insert = sqlx::query("insert into ledger (id, value) values ($1, $2)")
+                    .bind(id)
+                    .bind(format!("row {id}"))
+                    .execute(&mut *conn);
+                match tokio::time::timeout(Duration::from_secs(5), insert).await {
+                    Ok(Ok(_)) => {
+                        let mut ledger = shared.lock().expect("ledger");
+                        let now = Instant::now();
+                        if let Some(last) = ledger.last_success {
+                            ledger.longest_gap = ledger.longest_gap.max(now - last);
+                        }
+                        ledger.last_success = Some(now);
+                        ledger.acknowledged.insert(id);
+                    }
+                    _ => {
+                        // Unknown outcome (an error or no answer): not acknowledged.
+                        shared.lock().expect("ledger").errors += 1;
+                        connection = None;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+        Self { ledger, task }
+    }
+
+    /// The ids acknowledged so far.
+    pub fn acknowledged(&self) -> BTreeSet<i64> {
+        self.ledger.lock().expect("ledger").acknowledged.clone()
+    }
+
+    /// The longest pause between acknowledged commits since the last call, and resets it.
+    pub fn take_longest_gap(&self) -> Duration {
+        let mut ledger = self.ledger.lock().expect("ledger");
+        std::mem::take(&mut ledger.longest_gap)
+    }
+
+    /// Waits until a commit is acknowledged after `since`; how long after `since`.
+    pub async fn wait_for_write_after(&self, since: Instant, timeout: Duration) -> Duration {
+        let deadline = since + timeout;
+        loop {
+            let last = self.ledger.lock().expect("ledger").last_success;
+            if let Some(last) = last.filter(|last| *last > since) {
+                return last - since;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a write through -rw succeeds again within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Acknowledged ids missing on the instance at `host` (after waiting up to `patience`
+/// for replication to deliver them).
+pub async fn missing_on(
+    namespace: &str,
+    cluster: &str,
+    host: &str,
+    acknowledged: &BTreeSet<i64>,
+    patience: Duration,
+) -> Vec<i64> {
+    let password = secret_value(namespace, &format!("{cluster}-app"), "password");
+    let ids: Vec<i64> = acknowledged.iter().copied().collect();
+    let deadline = Instant::now() + patience;
+    loop {
+        let found: Option<Vec<i64>> = async {
+            let mut conn = PgConnectOptions::new()
+                .host(host)
+                .port(5432)
+                .username("clerk")
+                .password(&password)
+                .database("shop")
+                .connect()
+                .await
+                .ok()?;
+            sqlx::query_scalar("select id from ledger where id = any($1)")
+                .bind(&ids)
+                .fetch_all(&mut conn)
+                .await
+                .ok()
+        }
+        .await;
+        let missing: Vec<i64> = match found {
+            Some(found) => {
+                let found: BTreeSet<i64> = found.into_iter().collect();
+                ids.iter()
+                    .filter(|id| !found.contains(id))
+                    .copied()
+                    .collect()
+            }
+            None => ids.clone(),
+        };
+        if missing.is_empty() || Instant::now() > deadline {
+            return missing;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The instances and their reported roles, from status.
+pub fn reported_roles(namespace: &str, cluster: &str) -> Vec<(String, String)> {
+    jsonpath(
+        "dbc",
+        cluster,
+        namespace,
+        "{range .status.instances[*]}{.name}={.role} {end}",
+    )
+    .split_whitespace()
+    .filter_map(|pair| {
+        let (name, role) = pair.split_once('=')?;
+        Some((name.to_owned(), role.to_owned()))
+    })
+    .collect()
+}
+
+/// The pod IP of every instance.
+pub fn addresses(namespace: &str, cluster: &str) -> Vec<(String, String)> {
+    instance_addresses(namespace, cluster)
+}
