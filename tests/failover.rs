@@ -151,9 +151,35 @@ impl Suite {
             }
             Fault::StopPrimaryNode => {
                 let node_name = node_of(&self.ns, &primary);
+                let sharing = addresses(&self.ns, CLUSTER)
+                    .into_iter()
+                    .filter(|(pod, _)| *pod != primary && node_of(&self.ns, pod) == node_name)
+                    .count();
                 node("stop", &node_name);
-                // The node stays down until another instance took over.
-                self.wait_for_new_primary(&primary, Instant::now()).await;
+                if sharing == 0 {
+                    // The node stays down until another instance took over.
+                    self.wait_for_new_primary(&primary, Instant::now()).await;
+                } else {
+                    // A standby of the quorum went down with it: no replica can be shown
+                    // to hold every acknowledged commit, so the operator must wait and
+                    // say why rather than promote.
+                    wait_for(
+                        "the failover to be blocked for want of the quorum",
+                        Duration::from_secs(60),
+                        || {
+                            jsonpath(
+                                "dbc",
+                                CLUSTER,
+                                &self.ns,
+                                "{.status.conditions[?(@.type==\"PrimaryAvailable\")].reason}",
+                            ) == "FailoverBlocked"
+                        },
+                        || self.diagnostics(),
+                    );
+                    println!(
+                        "node {node_name} held another quorum member: failover blocked, as it must be"
+                    );
+                }
                 node("start", &node_name);
             }
             Fault::FreezePrimary => {

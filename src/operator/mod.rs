@@ -2,22 +2,21 @@
 //!
 //! kube-rs' controller watches the clusters and what they own; `reconcile` only hands
 //! each cluster's desired state to its `ClusterActor` (one per cluster, under the root
-//! supervisor, each with one `ReplicaActor` per instance). The actors run the work as
-//! pure state machines (`cluster.rs`, `replica.rs`) with a thin shell (`shell.rs`)
-//! that performs their effects: a pass over the owned objects (`converge.rs`, built
-//! from `build.rs`), the instance API (`instance_client.rs`), Events. One replica acts
-//! at a time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
+//! supervisor in `root.rs`, each with one `ReplicaActor` per instance). Each actor has
+//! a folder with its pure machine beside its shell (`cluster/`, `replica/`); what they
+//! share without acting is `context.rs`. Objects are built by `build.rs`, the instance
+//! API is called by `instance_client.rs`. One replica of the operator acts at a time
+//! (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
 
 pub mod build;
 mod cluster;
-mod converge;
+mod context;
 mod endpoints;
-mod failover;
 mod instance_client;
 mod leader;
 mod reconcile;
 mod replica;
-mod shell;
+mod root;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -89,7 +88,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     metrics
         .leader
         .store(1, std::sync::atomic::Ordering::Relaxed);
-    let shared = Arc::new(shell::Shared::new(
+    let shared = Arc::new(context::Shared::new(
         client.clone(),
         metrics,
         build::Settings {
@@ -104,11 +103,11 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .context("starting the actor system")?;
     let (failing_tx, failing_rx) = tokio::sync::mpsc::unbounded_channel();
     let root = system
-        .run(move || shell::start_root(failing_tx))
+        .run(move || root::start_root(failing_tx))
         .await
         .context("starting the root actor")?;
     let failing = Arc::new(Mutex::new(BTreeMap::new()));
-    tokio::spawn(shell::report_failing_clusters(
+    tokio::spawn(root::report_failing_clusters(
         shared.clone(),
         failing_rx,
         failing.clone(),
@@ -193,7 +192,7 @@ async fn stop_deleted(
         if store.wait_until_ready().await.is_err() {
             return;
         }
-        let present: BTreeSet<String> = store.state().iter().map(|c| reconcile::key(c)).collect();
+        let present: BTreeSet<String> = store.state().iter().map(|c| context::key(c)).collect();
         let gone: Vec<String> = context
             .started
             .lock()

@@ -13,8 +13,10 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::Instrument;
 
+use super::cluster::shell::cluster_spec;
 use super::cluster::{ClusterEvent, Note};
-use super::shell::{self, Root, Shared};
+use super::context::{Shared, edition, key};
+use super::root::Root;
 
 /// Annotation that makes the cluster's actor panic, for tests of the supervision tree;
 /// honoured only when the operator runs with `--fault-injection`.
@@ -43,23 +45,6 @@ pub enum Error {
     },
 }
 
-/// What a person changes on a cluster: its spec (`generation`) and its annotations.
-/// Not the resourceVersion, which the operator's own status writes move.
-pub fn edition(cluster: &DatabaseCluster) -> String {
-    format!(
-        "{:?} {:?}",
-        cluster.metadata.generation, cluster.metadata.annotations
-    )
-}
-
-pub fn key(cluster: &DatabaseCluster) -> String {
-    format!(
-        "{}/{}",
-        cluster.namespace().unwrap_or_default(),
-        cluster.name_any()
-    )
-}
-
 /// Every reconcile is a span (the root of the trace of whatever it sets off).
 pub async fn reconcile(
     cluster: Arc<DatabaseCluster>,
@@ -83,7 +68,7 @@ async fn hand_over(cluster: Arc<DatabaseCluster>, context: Arc<Context>) -> Resu
     if let Ok(mut started) = context.started.lock() {
         started.insert(key.clone());
     }
-    let spec = shell::cluster_spec(&context.shared, &cluster);
+    let spec = cluster_spec(&context.shared, &cluster);
     let actor = context
         .root
         .send(StartChild {

@@ -20,9 +20,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::instance_api::{Lsn, RunningRole};
 
-use super::replica::InstanceView;
+use crate::operator::replica::InstanceView;
 
-/// How long a lease grant runs. The primary renews it every [`super::replica::POLL_INTERVAL`]
+/// How long a lease grant runs. The primary renews it every [`crate::operator::replica::POLL_INTERVAL`]
 /// (1 s), so three renewals may fail in a row before a healthy primary stops.
 pub const LEASE_DURATION: Duration = Duration::from_secs(4);
 

@@ -1,4 +1,5 @@
-//! One pass over a `DatabaseCluster`, run by its `ClusterActor` (the `Converge` effect):
+//! One pass over a `DatabaseCluster`, run by its `ClusterActor`'s shell (the `Converge`
+//! effect):
 //! make the owned objects match the spec, remove the surplus instances the machine
 //! cleared, then write status from the instances' latest views. Idempotent: a second
 //! pass with nothing changed creates nothing and writes the same status.
@@ -16,11 +17,11 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use super::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
-use super::cluster::{Assessment, ConvergeOrder, Converged, Member, Note};
-use super::endpoints::Metrics;
-use super::shell::Shared;
+use super::state::{Assessment, ConvergeOrder, Converged, Member, Note};
 use crate::instance_api::RunningRole;
+use crate::operator::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
+use crate::operator::context::Shared;
+use crate::operator::endpoints::Metrics;
 
 pub const MANAGER: &str = "castellan-operator";
 

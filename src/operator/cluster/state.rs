@@ -1,0 +1,269 @@
+//! The `ClusterActor` machine's state, events and effects, and the small questions
+//! every part of the machine asks of its state (who is primary, how many instances are
+//! wanted). Types only, and pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use castellan_crds::DatabaseCluster;
+use serde_json::Value;
+
+use super::failover::Quorum;
+use crate::instance_api::LeaseGrant;
+use crate::operator::replica::{Command, InstanceView};
+
+/// Annotation naming the instances to fence: a JSON list of pod names, or `["*"]` for
+/// all of them (the form CloudNativePG's `cnpg.io/fencedInstances` uses). A fenced
+/// instance's server is stopped and stays stopped, its data untouched; a fenced primary
+/// is not failed over.
+pub const FENCED_ANNOTATION: &str = "castellan.io/fenced-instances";
+
+/// Consecutive failed passes after which the cluster is `Degraded`.
+pub const DEGRADED_AFTER: u32 = 3;
+
+/// Longest wait between retries of a failing pass.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
+
+/// One instance as the last pass found it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member {
+    pub number: u32,
+    /// `ip:port` of the instance API, once the pod has an address.
+    pub address: Option<String>,
+    pub primary: bool,
+    /// Its node is cordoned (being drained).
+    pub cordoned: bool,
+}
+
+/// What a successful pass found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Converged {
+    pub members: BTreeMap<String, Member>,
+    /// Every desired instance exists and is ready.
+    pub ready: bool,
+}
+
+/// What a pass is asked to do.
+#[derive(Clone, Debug)]
+pub struct ConvergeOrder {
+    pub cluster: Arc<DatabaseCluster>,
+    /// The latest view of each instance, for status.
+    pub views: Vec<InstanceView>,
+    /// Surplus instances that may go now (the primary no longer waits for them).
+    pub remove: Vec<String>,
+    /// Why the cluster is degraded, if it is.
+    pub degraded: Option<String>,
+    /// The primary the machine decided on; `None` before it knows (the pass then takes
+    /// status' `currentPrimary`).
+    pub primary: Option<String>,
+    /// During a failover or switchover: the instance being replaced, and the one being
+    /// promoted.
+    pub failover: Option<FailoverStatus>,
+    /// Whether the primary serves, and why not.
+    pub primary_condition: Assessment,
+    /// With `mode: sync`: whether commits get the quorum they ask for.
+    pub synchronous_condition: Option<Assessment>,
+}
+
+/// A condition's status, reason and message, decided by the machine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assessment {
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Assessment {
+    pub(super) fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl Default for Assessment {
+    fn default() -> Self {
+        Self::new(false, "Unknown", "the primary has not been observed yet")
+    }
+}
+
+/// A failover as status shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FailoverStatus {
+    pub from: String,
+    pub target: Option<String>,
+    /// A switchover rather than a failover.
+    pub switchover: bool,
+}
+
+/// A failover in progress.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failover {
+    /// The primary being replaced.
+    pub from: String,
+    pub reason: String,
+    pub started: SystemTime,
+    /// The instance being promoted, once chosen.
+    pub target: Option<String>,
+    /// Why nothing can be promoted yet.
+    pub blocked: Option<String>,
+}
+
+/// A Kubernetes Event to record on the cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+    /// The instance (pod) it is about, recorded as the Event's related object, so
+    /// that the same step on two instances is two Events rather than one series.
+    pub instance: Option<String>,
+}
+
+impl Note {
+    pub fn normal(reason: &'static str, message: String) -> Self {
+        Self {
+            warning: false,
+            reason,
+            message,
+            instance: None,
+        }
+    }
+
+    pub fn warning(reason: &'static str, message: String) -> Self {
+        Self {
+            warning: true,
+            reason,
+            message,
+            instance: None,
+        }
+    }
+
+    /// The same Event, about one instance.
+    pub fn about(mut self, instance: &str) -> Self {
+        self.instance = Some(instance.to_owned());
+        self
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ClusterState {
+    /// The latest desired state.
+    pub cluster: Option<Arc<DatabaseCluster>>,
+    /// A pass is running.
+    pub converging: bool,
+    /// The desired state or the instances changed during the running pass.
+    pub again: bool,
+    /// Failed passes in a row.
+    pub failures: u32,
+    pub degraded: Option<String>,
+    pub members: BTreeMap<String, Member>,
+    pub views: BTreeMap<String, InstanceView>,
+    /// The command running on each instance.
+    pub commands: BTreeMap<String, Command>,
+    /// Instances whose last view predates their last command.
+    pub stale: BTreeSet<String>,
+    /// Whether the last pass found the cluster ready.
+    pub ready: Option<bool>,
+    /// The primary: the only instance granted the lease. Status' `currentPrimary`.
+    pub primary: Option<String>,
+    /// When this machine saw its first instance view (leases a previous operator
+    /// granted end one lease after it).
+    pub began: Option<SystemTime>,
+    /// The latest time an event carried.
+    pub now: Option<SystemTime>,
+    /// The end of the latest lease granted (to whichever instance).
+    pub leased_until: Option<SystemTime>,
+    /// Since when the primary has not been serving.
+    pub unavailable_since: Option<SystemTime>,
+    pub failover: Option<Failover>,
+    /// The primary's last synchronous quorum, for deciding whom failover may promote.
+    pub quorum: Option<Quorum>,
+    /// Instances reported as split brains (one Event each).
+    pub split_brains: BTreeSet<String>,
+    /// Whether the synchronous quorum was last found satisfied.
+    pub synchronous_ok: Option<bool>,
+    pub switchover: Option<Switchover>,
+}
+
+#[derive(Debug)]
+pub enum ClusterEvent {
+    /// From reconcile: the cluster as the API server has it now.
+    Desired(Arc<DatabaseCluster>),
+    /// A pass finished.
+    Converged(Result<Converged, String>),
+    /// From a `ReplicaActor`: its instance's latest view.
+    Observed(InstanceView),
+    /// From a `ReplicaActor`: a command finished.
+    Finished {
+        instance: String,
+        command: Command,
+        outcome: Result<Value, String>,
+    },
+    /// The retry timer after a failed pass fired.
+    Retry,
+    /// A `ReplicaActor` keeps failing (its supervisor gave up for a while).
+    ReplicaFailing { instance: String, reason: String },
+    /// A fault injected on purpose (`castellan.io/inject-fault`, only with
+    /// `--fault-injection`): the machine panics, as a bug would make it.
+    InjectedFault(String),
+}
+
+#[derive(Debug)]
+pub enum ClusterEffect {
+    Converge(ConvergeOrder),
+    /// Run exactly these `ReplicaActor`s (instance, API address); stop the others.
+    Track(Vec<(String, Option<String>)>),
+    Command {
+        instance: String,
+        command: Command,
+    },
+    Record(Note),
+    RetryAfter(Duration),
+    /// Remove the switchover request: it was carried out or refused.
+    ClearSwitchover,
+    /// Renew an instance's primary lease.
+    Grant {
+        instance: String,
+        grant: LeaseGrant,
+    },
+}
+
+pub(super) fn desired_count(cluster: &DatabaseCluster) -> u32 {
+    u32::try_from(cluster.spec.replicas.max(1)).unwrap_or(1)
+}
+
+pub(super) fn primary(state: &ClusterState) -> Option<(&String, &Member)> {
+    match &state.primary {
+        Some(name) => state.members.get_key_value(name),
+        None => state.members.iter().find(|(_, member)| member.primary),
+    }
+}
+
+/// A switchover in progress: the old primary is stopped cleanly (its standbys receive
+/// all its WAL), the target is promoted once it has received it, and the old primary
+/// rejoins as a replica. No lease needs to run out: the stop is confirmed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Switchover {
+    pub from: String,
+    pub to: String,
+    /// Why: the annotation, or a drain.
+    pub cause: String,
+    pub started: SystemTime,
+    pub stage: SwitchoverStage,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum SwitchoverStage {
+    /// The old primary is being stopped.
+    Demoting,
+    /// Stopped at this checkpoint; waiting for the target to receive past it.
+    CatchingUp {
+        checkpoint: crate::instance_api::Lsn,
+    },
+    /// The target is being promoted.
+    Promoting,
+}

@@ -1,0 +1,114 @@
+//! What every part of the operator shares, and nothing that acts: the API client,
+//! settings and metrics (`Shared`), Events recorded on a cluster, a cluster's key and
+//! edition, and the restart policy of the actor tree. Shells, the pass and `reconcile`
+//! import it; it imports none of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use castellan_actors::RestartPolicy;
+use castellan_crds::DatabaseCluster;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{self, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+
+use super::build;
+use super::cluster::Note;
+use super::endpoints::Metrics;
+
+/// What every executor needs: the API client, settings, and the tokio runtime that
+/// performs the I/O.
+pub struct Shared {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub settings: build::Settings,
+    pub runtime: tokio::runtime::Handle,
+    pub recorder: Recorder,
+}
+
+impl Shared {
+    pub fn new(
+        client: Client,
+        metrics: Arc<Metrics>,
+        settings: build::Settings,
+        identity: &str,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: "castellan-operator".into(),
+            instance: Some(identity.to_owned()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            settings,
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+
+    /// Records a Kubernetes Event on the cluster. An Event that cannot be written is
+    /// logged, never fatal.
+    pub async fn record(&self, cluster: &DatabaseCluster, note: Note) {
+        self.record_at(&object_reference(cluster), note).await;
+    }
+
+    /// [`Shared::record`] by the cluster's reference, which the cluster's actor keeps.
+    pub async fn record_at(&self, reference: &ObjectReference, note: Note) {
+        let event = events::Event {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.to_owned(),
+            note: Some(note.message.clone()),
+            action: note.reason.to_owned(),
+            secondary: note.instance.as_ref().map(|pod| ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.clone()),
+                namespace: reference.namespace.clone(),
+                ..ObjectReference::default()
+            }),
+        };
+        if let Err(error) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(cluster = ?reference.name, reason = note.reason, %error, "could not record an Event");
+        }
+    }
+}
+
+pub fn object_reference(cluster: &DatabaseCluster) -> ObjectReference {
+    let mut reference = cluster.object_ref(&());
+    reference.namespace = cluster.namespace();
+    reference
+}
+
+/// Restart policy of both levels of the tree: quick first restarts, `Degraded` after
+/// three failures within two minutes, then a minute's pause.
+pub fn restart_policy() -> RestartPolicy {
+    RestartPolicy {
+        min_delay: Duration::from_millis(500),
+        max_delay: Duration::from_secs(30),
+        factor: 2.0,
+        max_failures: 3,
+        window: Duration::from_secs(120),
+        cool_down: Duration::from_secs(60),
+    }
+}
+
+/// What a person changes on a cluster: its spec (`generation`) and its annotations.
+/// Not the resourceVersion, which the operator's own status writes move.
+pub fn edition(cluster: &DatabaseCluster) -> String {
+    format!(
+        "{:?} {:?}",
+        cluster.metadata.generation, cluster.metadata.annotations
+    )
+}
+
+pub fn key(cluster: &DatabaseCluster) -> String {
+    format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    )
+}

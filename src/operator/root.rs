@@ -1,0 +1,69 @@
+//! The root of the operator's actor tree: one supervised `ClusterActor` per
+//! `DatabaseCluster`, and the sink that marks a cluster `Degraded` when its actor keeps
+//! failing (the actor cannot, being the one failing).
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use castellan_actors::{ChildFailing, Supervisor};
+use castellan_crds::DatabaseCluster;
+use serde_json::json;
+
+use super::cluster::Note;
+use super::cluster::pass;
+use super::cluster::shell::ClusterActor;
+use super::context::{Shared, edition, restart_policy};
+
+pub type Root = Supervisor<ClusterActor>;
+
+/// The root's failure sink: a `ClusterActor` that keeps failing marks its cluster
+/// `Degraded` with the reason (its actor cannot, being the one failing), and says so in
+/// an Event. Runs on the tokio runtime, fed by the root supervisor.
+pub async fn report_failing_clusters(
+    shared: Arc<Shared>,
+    mut failing: tokio::sync::mpsc::UnboundedReceiver<ChildFailing>,
+    failed: Arc<std::sync::Mutex<std::collections::BTreeMap<String, String>>>,
+) {
+    while let Some(report) = failing.recv().await {
+        let Some((namespace, name)) = report.key.split_once('/') else {
+            continue;
+        };
+        let clusters: kube::Api<DatabaseCluster> =
+            kube::Api::namespaced(shared.client.clone(), namespace);
+        let cluster = match clusters.get_opt(name).await {
+            Ok(Some(cluster)) => cluster,
+            Ok(None) => continue,
+            Err(error) => {
+                tracing::warn!(cluster = %report.key, %error, "could not read a failing cluster");
+                continue;
+            }
+        };
+        let reason = format!(
+            "the cluster's actor failed {} times in a row ({}); retrying in {}s",
+            report.failures,
+            report.reason,
+            report.retry_after.as_secs()
+        );
+        tracing::error!(cluster = %report.key, %reason, "cluster actor failing");
+        if let Ok(mut failed) = failed.lock() {
+            failed.insert(report.key.clone(), edition(&cluster));
+        }
+        let patch = json!({ "status": {
+            "phase": "Degraded",
+            "conditions": [pass::degraded_condition(&cluster, Some(&reason))],
+        }});
+        if let Err(error) =
+            pass::write_status_as(&shared.client, &cluster, &patch, "castellan-supervisor").await
+        {
+            tracing::warn!(cluster = %report.key, %error, "could not mark the cluster Degraded");
+        }
+        shared
+            .record(&cluster, Note::warning("Degraded", reason))
+            .await;
+    }
+}
+
+/// The root of the tree: one supervised `ClusterActor` per cluster key.
+pub fn start_root(failing: tokio::sync::mpsc::UnboundedSender<ChildFailing>) -> Addr<Root> {
+    Supervisor::new("clusters", restart_policy(), failing).start()
+}
