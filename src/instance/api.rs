@@ -6,6 +6,12 @@
 //! - `POST /promote`, `POST /restart`, `POST /reload`
 //!   (`{"parameters", "synchronousStandbyNames"}`).
 //!
+//! It is served over TLS that requires the operator's client certificate ([`serve`],
+//! configured by `crate::pki::tls`): the handshake refuses every other caller, so no
+//! route can be left open by mistake. The kubelet's probes get a second, plain-HTTP
+//! port ([`serve_probes`]) with `/healthz` and `/readyz` only, which change nothing
+//! and tell no more than whether the instance is ready in its role.
+//!
 //! There is no demote call: a former primary rejoins by being started with
 //! `--role replica`, which rewinds it (see `bootstrap`), so a demotion can never leave a
 //! running server half-reconfigured.
@@ -25,6 +31,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use super::config::Role;
@@ -32,7 +39,12 @@ use super::{Request, Shared, database, role_name};
 
 type Response = (StatusCode, Json<Value>);
 
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+/// How long a client may take to finish the TLS handshake before it is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves the API to the operator only: every connection must complete a TLS
+/// handshake with a client certificate `tls` accepts before any request is read.
+pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, shared: Arc<Shared>) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -42,8 +54,53 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         .route("/reload", post(reload))
         .layer(axum::middleware::from_fn(traced))
         .with_state(shared);
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, usually: wait rather than spin.
+                tracing::warn!(%error, "accepting a connection to the instance API");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        // Each connection on its own task, so a slow handshake holds up no other.
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                .await
+            {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    tracing::warn!(%peer, %error, "refused a connection to the instance API");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, "dropped a connection to the instance API: no TLS handshake within 10s");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%peer, %error, "an instance API connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Serves the kubelet's probes in plain HTTP: `/healthz`, and `/readyz` with only the
+/// verdict (the details are in `/status`, for the operator).
+pub async fn serve_probes(listener: TcpListener, shared: Arc<Shared>) {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(probe_readyz))
+        .with_state(shared);
     if let Err(error) = axum::serve(listener, app).await {
-        tracing::error!(%error, "the instance API stopped serving");
+        tracing::error!(%error, "the probe endpoint stopped serving");
     }
 }
 
@@ -99,6 +156,17 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (code, Json(body))
+}
+
+async fn probe_readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let (ready, body) = observe(&shared).await;
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let verdict = json!({"instance": body["instance"], "role": body["role"], "ready": ready});
+    (code, Json(verdict))
 }
 
 async fn status(State(shared): State<Arc<Shared>>) -> Response {

@@ -17,6 +17,7 @@ use serde_json::json;
 use super::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
 use super::cluster::{ConvergeOrder, Converged, Member, Note};
 use super::endpoints::Metrics;
+use super::instance_client;
 use super::shell::Shared;
 
 pub const MANAGER: &str = "castellan-operator";
@@ -31,6 +32,8 @@ pub enum Error {
     },
     #[error("generating a password: {0}")]
     Password(std::io::Error),
+    #[error(transparent)]
+    Certificates(#[from] super::certificates::Error),
 }
 
 fn kube_error(
@@ -129,6 +132,13 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 )
                 .await;
         }
+    }
+
+    // The instance API's certificate, before any pod mounts it.
+    if let Some(note) =
+        super::certificates::ensure_instance_tls(client, cluster, &context.authority).await?
+    {
+        context.record(cluster, note).await;
     }
 
     // Replicas follow the primary through the -rw Service's address, so a failover
@@ -361,6 +371,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         write_status(client, cluster, &json!({ "status": status })).await?;
     }
 
+    let server_name = crate::pki::server_name(&name, &namespace);
     let mut members: BTreeMap<String, Member> = existing
         .iter()
         .filter(|(n, _)| !removed.contains(n))
@@ -369,7 +380,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 .status
                 .as_ref()
                 .and_then(|s| s.pod_ip.as_ref())
-                .map(|ip| format!("{ip}:{INSTANCE_API_PORT}"));
+                .map(|ip| instance_client::address(&server_name, ip, INSTANCE_API_PORT));
             let member = Member {
                 number: *n,
                 address,

@@ -5,10 +5,12 @@
 //! supervisor, each with one `ReplicaActor` per instance). The actors run the work as
 //! pure state machines (`cluster.rs`, `replica.rs`) with a thin shell (`shell.rs`)
 //! that performs their effects: a pass over the owned objects (`converge.rs`, built
-//! from `build.rs`), the instance API (`instance_client.rs`), Events. One replica acts
+//! from `build.rs`), the instance API (`instance_client.rs`, mutual TLS with the
+//! certificates of `certificates.rs`), Events. One replica acts
 //! at a time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
 
 pub mod build;
+mod certificates;
 mod cluster;
 mod converge;
 mod endpoints;
@@ -46,7 +48,7 @@ pub struct OperatorArgs {
     /// Tag of the instance image.
     #[arg(long, env = "CASTELLAN_IMAGE_TAG", default_value = env!("CARGO_PKG_VERSION"))]
     pub image_tag: String,
-    /// Namespace of the leader Lease (the operator's own).
+    /// The operator's own namespace: its leader Lease and the CA Secret `castellan-ca`.
     #[arg(long, env = "POD_NAMESPACE", default_value = "castellan-system")]
     pub namespace: String,
     /// This replica's name in the leader Lease; the pod name in a cluster.
@@ -88,6 +90,16 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     metrics
         .leader
         .store(1, std::sync::atomic::Ordering::Relaxed);
+    // The CA, and the operator's client certificate for the instance API from it.
+    let authority = Arc::new(
+        certificates::ensure_authority(&client, &args.namespace)
+            .await
+            .context("setting up Castellan's CA")?,
+    );
+    instance_client::configure(
+        crate::pki::tls::operator_client_config(authority.clone())
+            .context("setting up the operator's client certificate")?,
+    );
     let shared = Arc::new(shell::Shared::new(
         client.clone(),
         metrics,
@@ -98,6 +110,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             telemetry_env: build::telemetry_env_from(std::env::vars()),
         },
         &identity,
+        authority,
     ));
     let system = castellan_actors::ActorSystem::start("castellan-actors")
         .context("starting the actor system")?;
