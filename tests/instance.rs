@@ -608,7 +608,8 @@ async fn primary_and_replica_stream_report_and_promote() {
 /// Only the operator may call the instance API: plain HTTP, TLS without a client
 /// certificate, a client certificate of another CA and the cluster's own server
 /// certificate are all refused at the handshake, and the replica stays a replica; the
-/// probe port serves probes only; the operator's certificate works.
+/// probe port serves probes only; the operator's certificate works; and `/reload`
+/// refuses settings Castellan owns even from the operator.
 #[tokio::test(flavor = "multi_thread")]
 async fn only_the_operator_may_call_the_instance_api() {
     let scratch = Scratch::new("auth");
@@ -693,7 +694,22 @@ async fn only_the_operator_may_call_the_instance_api() {
         "{refusals:#?}"
     );
 
-    // The operator's certificate works.
+    // The operator: settings Castellan owns are refused, however they are spelt.
+    let (code, refused) = replica.post(
+        "/reload",
+        r#"{"parameters": {"work_mem": "8MB", " Archive_Command ": "touch /tmp/castellan-pwned"}}"#,
+    );
+    assert_eq!(code, 400, "{refused}");
+    let message = refused["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("Archive_Command") && message.contains("managed by Castellan"),
+        "{refused}"
+    );
+    let (_, status) = replica.get("/status");
+    assert!(
+        status["parameters"].get("work_mem").is_none(),
+        "a refused reload changes nothing: {status}"
+    );
     let (code, reloaded) = replica.post("/reload", r#"{"parameters": {"work_mem": "8MB"}}"#);
     assert_eq!(code, 200, "{reloaded}");
     let (code, promoted) = replica.post("/promote", "{}");

