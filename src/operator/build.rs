@@ -21,6 +21,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
+use crate::pki::Issued;
+
 /// Label every owned object carries: the cluster's name.
 pub const CLUSTER_LABEL: &str = "castellan.io/cluster";
 /// Label of a pod and its volume: the instance's name.
@@ -30,9 +32,14 @@ pub const ROLE_LABEL: &str = "castellan.io/role";
 /// The image every database pod runs (the instance manager with PostgreSQL).
 pub const IMAGE: &str = "ghcr.io/castellan-io/castellan";
 pub const POSTGRES_PORT: i32 = 5432;
+/// The instance API (TLS, the operator's client certificate required).
 pub const INSTANCE_API_PORT: i32 = 8000;
+/// The kubelet's probes (plain HTTP, `/healthz` and `/readyz` only).
+pub const INSTANCE_PROBE_PORT: i32 = 8001;
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 const SECRETS_MOUNT: &str = "/etc/castellan/secrets";
+/// Suffix of the Secret with the instance API's certificate (`<cluster>-instance-tls`).
+pub const INSTANCE_TLS: &str = "instance-tls";
 
 /// What the operator knows that the spec does not say.
 #[derive(Clone, Debug)]
@@ -162,6 +169,31 @@ pub fn secrets(
             ],
         ),
     ]
+}
+
+/// The instance API's Secret, in the layout of a `kubernetes.io/tls` Secret: `tls.crt`
+/// and `tls.key` (the cluster's server certificate) and `ca.crt` (the CA whose client
+/// certificates may call the API). Issued by the operator, renewed when it runs out.
+pub fn instance_tls_secret(cluster: &DatabaseCluster, ca_pem: &str, issued: &Issued) -> Secret {
+    let data = [
+        ("ca.crt", ca_pem),
+        ("tls.crt", issued.cert_pem.as_str()),
+        ("tls.key", issued.key_pem.as_str()),
+    ];
+    Secret {
+        metadata: metadata(
+            cluster,
+            secret_name(cluster, INSTANCE_TLS),
+            labels(cluster, &[]),
+        ),
+        type_: Some("kubernetes.io/tls".to_owned()),
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
 }
 
 /// The application database and its owner, from `bootstrap.initdb` or the defaults.
@@ -407,6 +439,20 @@ pub fn pod(
                     "CASTELLAN_APP_PASSWORD_FILE",
                     format!("{SECRETS_MOUNT}/app/password"),
                 ),
+                env("CASTELLAN_HTTP_PORT", INSTANCE_API_PORT.to_string()),
+                env("CASTELLAN_PROBE_PORT", INSTANCE_PROBE_PORT.to_string()),
+                env(
+                    "CASTELLAN_TLS_CERT_FILE",
+                    format!("{SECRETS_MOUNT}/{INSTANCE_TLS}/tls.crt"),
+                ),
+                env(
+                    "CASTELLAN_TLS_KEY_FILE",
+                    format!("{SECRETS_MOUNT}/{INSTANCE_TLS}/tls.key"),
+                ),
+                env(
+                    "CASTELLAN_TLS_CA_FILE",
+                    format!("{SECRETS_MOUNT}/{INSTANCE_TLS}/ca.crt"),
+                ),
             ]
             .into_iter()
             .chain(
@@ -428,11 +474,18 @@ pub fn pod(
                 container_port: INSTANCE_API_PORT,
                 ..ContainerPort::default()
             },
+            ContainerPort {
+                name: Some("probes".to_owned()),
+                container_port: INSTANCE_PROBE_PORT,
+                ..ContainerPort::default()
+            },
         ]),
+        // The probe port: the API port requires the operator's client certificate,
+        // which a kubelet does not have.
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/readyz".to_owned()),
-                port: IntOrString::Int(INSTANCE_API_PORT),
+                port: IntOrString::Int(INSTANCE_PROBE_PORT),
                 ..HTTPGetAction::default()
             }),
             period_seconds: Some(2),
@@ -449,6 +502,7 @@ pub fn pod(
             secret_mount("superuser"),
             secret_mount("replication"),
             secret_mount("app"),
+            secret_mount(INSTANCE_TLS),
         ]),
         ..Container::default()
     };
@@ -504,6 +558,7 @@ pub fn pod(
                 secret_volume("superuser"),
                 secret_volume("replication"),
                 secret_volume("app"),
+                secret_volume(INSTANCE_TLS),
             ]),
             ..PodSpec::default()
         }),
@@ -711,6 +766,91 @@ mod tests {
             .clone()
             .expect("data volume");
         assert_eq!(claim.claim_name, "orders-2");
+    }
+
+    #[test]
+    fn the_instance_api_serves_the_clusters_certificate_and_probes_get_their_own_port() {
+        let pod = pod(
+            &three_sync(),
+            1,
+            StartRole::Primary,
+            "127.96.0.9",
+            true,
+            &settings(),
+        );
+        let spec = pod.spec.expect("spec");
+        let volume = spec
+            .volumes
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|v| v.name == INSTANCE_TLS)
+            .expect("a volume with the instance certificate");
+        let secret = volume.secret.expect("from a Secret");
+        assert_eq!(secret.secret_name.as_deref(), Some("orders-instance-tls"));
+        assert_eq!(
+            secret.default_mode,
+            Some(0o440),
+            "the key is readable by the pod's group only"
+        );
+        let container = &spec.containers[0];
+        let mount = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == INSTANCE_TLS)
+            .expect("mounted");
+        assert_eq!(mount.read_only, Some(true));
+        let env: BTreeMap<String, Option<String>> = container
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.name, e.value))
+            .collect();
+        for (variable, file) in [
+            ("CASTELLAN_TLS_CERT_FILE", "tls.crt"),
+            ("CASTELLAN_TLS_KEY_FILE", "tls.key"),
+            ("CASTELLAN_TLS_CA_FILE", "ca.crt"),
+        ] {
+            assert_eq!(
+                env[variable].as_deref(),
+                Some(format!("{}/{file}", mount.mount_path).as_str()),
+                "{variable} points into the mounted Secret"
+            );
+        }
+        assert_eq!(env["CASTELLAN_HTTP_PORT"].as_deref(), Some("8000"));
+        assert_eq!(env["CASTELLAN_PROBE_PORT"].as_deref(), Some("8001"));
+        let probe = container
+            .readiness_probe
+            .clone()
+            .and_then(|p| p.http_get)
+            .expect("an HTTP readiness probe");
+        assert_eq!(probe.port, IntOrString::Int(INSTANCE_PROBE_PORT));
+        assert_eq!(probe.path.as_deref(), Some("/readyz"));
+        assert_eq!(
+            probe.scheme, None,
+            "plain HTTP: the kubelet has no client certificate"
+        );
+    }
+
+    #[test]
+    fn the_instance_certificate_secret_is_a_tls_secret_owned_by_the_cluster() {
+        let ca = crate::pki::Authority::generate(std::time::SystemTime::now()).expect("a CA");
+        let issued = ca
+            .issue_server("orders", "shop", std::time::SystemTime::now())
+            .expect("a certificate");
+        let secret = instance_tls_secret(&three_sync(), ca.cert_pem(), &issued);
+        assert_eq!(secret.metadata.name.as_deref(), Some("orders-instance-tls"));
+        assert_eq!(secret.metadata.namespace.as_deref(), Some("shop"));
+        assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+        assert!(secret.metadata.owner_references.is_some());
+        let data = secret.data.expect("data");
+        assert_eq!(
+            data.keys().map(String::as_str).collect::<Vec<_>>(),
+            vec!["ca.crt", "tls.crt", "tls.key"]
+        );
+        assert_eq!(data["ca.crt"].0, ca.cert_pem().as_bytes());
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Shared {
     pub settings: build::Settings,
     pub runtime: tokio::runtime::Handle,
     pub recorder: Recorder,
+    /// Castellan's CA, which issues the instances' certificates.
+    pub authority: Arc<crate::pki::Authority>,
 }
 
 impl Shared {
@@ -32,6 +34,7 @@ impl Shared {
         metrics: Arc<Metrics>,
         settings: build::Settings,
         identity: &str,
+        authority: Arc<crate::pki::Authority>,
     ) -> Self {
         let reporter = Reporter {
             controller: "castellan-operator".into(),
@@ -43,6 +46,7 @@ impl Shared {
             metrics,
             settings,
             runtime: tokio::runtime::Handle::current(),
+            authority,
         }
     }
 

@@ -1,12 +1,26 @@
 //! The operator's side of the instance manager's HTTP API (`castellan instance`):
-//! status reads and the reload call, over plain HTTP/1.1 to the pod's address. Small
-//! on purpose: one request per connection, JSON bodies, a deadline on everything.
+//! status reads and commands, over HTTP/1.1 (hyper) with mutual TLS to the pod's
+//! address. One request per connection, JSON bodies, a deadline on everything.
+//!
+//! An address names the server as well as where it is: `<server-name>@<ip>:<port>`
+//! ([`address`]). The pod is dialled at the IP, and its certificate must be valid for
+//! the server name (`<cluster>.<namespace>.instance.castellan.io`), so a stale address
+//! whose IP now belongs to another cluster's pod is refused rather than obeyed.
+//!
+//! The TLS configuration (Castellan's CA, the operator's client certificate) is set
+//! once for the process at startup ([`configure`]), so callers only say what to call.
 
+use std::io;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 use tracing::Instrument;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,13 +57,83 @@ pub enum InstanceApiError {
 }
 
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// Answers are small JSON documents; anything larger is not an instance manager's.
+const MAX_BODY: usize = 1 << 20;
 
-async fn exchange(address: &str, request: String) -> std::io::Result<String> {
-    let mut stream = TcpStream::connect(address).await?;
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    Ok(String::from_utf8_lossy(&response).into_owned())
+static TLS: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+
+/// Sets the TLS configuration every call uses; the first one set stays.
+pub fn configure(config: rustls::ClientConfig) {
+    if TLS.set(Arc::new(config)).is_err() {
+        tracing::warn!("the instance API's TLS configuration was already set; keeping it");
+    }
+}
+
+/// The address of the instance API of a pod at `ip` whose certificate is valid for
+/// `server_name`.
+pub fn address(server_name: &str, ip: &str, port: i32) -> String {
+    match ip.parse::<std::net::IpAddr>() {
+        // Brackets for IPv6, as a socket address needs them.
+        Ok(ip) => format!(
+            "{server_name}@{}",
+            std::net::SocketAddr::new(ip, u16::try_from(port).unwrap_or(0))
+        ),
+        Err(_) => format!("{server_name}@{ip}:{port}"),
+    }
+}
+
+/// Splits an address into the name to verify and where to connect.
+fn target(address: &str) -> io::Result<(ServerName<'static>, &str)> {
+    let (name, socket) = address.split_once('@').ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the address names no server to verify (expected <server-name>@<ip>:<port>)",
+        )
+    })?;
+    let name = ServerName::try_from(name.to_owned()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a server name: {e}"),
+        )
+    })?;
+    Ok((name, socket))
+}
+
+/// Connects, verifies the instance, sends one request and reads the answer.
+async fn exchange(
+    address: &str,
+    request: hyper::Request<Full<Bytes>>,
+) -> io::Result<(hyper::StatusCode, Bytes)> {
+    let tls = TLS.get().cloned().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotConnected,
+            "the operator's TLS configuration for the instance API is not set",
+        )
+    })?;
+    let (name, socket) = target(address)?;
+    let stream = TcpStream::connect(socket).await?;
+    let stream = TlsConnector::from(tls).connect(name, stream).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(io::Error::other)?;
+    let exchanged = async move {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(io::Error::other)?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(io::Error::other)?
+            .to_bytes();
+        // Dropping the sender lets the connection close once the answer is read.
+        Ok::<_, io::Error>((status, body))
+    };
+    // The connection is driven here rather than spawned, so the caller's deadline
+    // ends it too.
+    let (exchanged, _closed) = tokio::join!(exchanged, connection);
+    exchanged
 }
 
 /// Sends one request and returns the JSON body of a 2xx answer.
@@ -70,29 +154,31 @@ pub async fn call_within(
     body: Option<&Value>,
     timeout: Duration,
 ) -> Result<Value, InstanceApiError> {
+    let io_error = |source| InstanceApiError::Io {
+        method,
+        path: path.to_owned(),
+        address: address.to_owned(),
+        source,
+    };
     let span = tracing::info_span!("instance api call", %method, %path, %address);
     let payload = body.map(Value::to_string).unwrap_or_default();
+    let host = address.split_once('@').map_or(address, |(name, _)| name);
+    let mut request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, host)
+        .header(hyper::header::CONTENT_TYPE, "application/json");
     // The trace context goes along, so the instance manager's span joins this trace.
-    let trace_headers: String = span
-        .in_scope(crate::telemetry::inject)
-        .iter()
-        .map(|(name, value)| format!("{name}: {value}\r\n"))
-        .collect();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Type: application/json\r\n{trace_headers}Content-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    );
+    for (name, value) in span.in_scope(crate::telemetry::inject) {
+        request = request.header(name, value);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(payload)))
+        .map_err(|e| io_error(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
     let exchanged = tokio::time::timeout(timeout, exchange(address, request)).instrument(span);
-    let response = match exchanged.await {
-        Ok(Ok(response)) => response,
-        Ok(Err(source)) => {
-            return Err(InstanceApiError::Io {
-                method,
-                path: path.to_owned(),
-                address: address.to_owned(),
-                source,
-            });
-        }
+    let (status, body) = match exchanged.await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(source)) => return Err(io_error(source)),
         Err(_) => {
             return Err(InstanceApiError::Timeout {
                 method,
@@ -102,26 +188,124 @@ pub async fn call_within(
             });
         }
     };
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    // axum answers small bodies with Content-Length (no chunking), so the body is as sent.
-    if !(200..300).contains(&status) {
+    let body = String::from_utf8_lossy(&body).into_owned();
+    if !status.is_success() {
         return Err(InstanceApiError::Status {
             method,
             path: path.to_owned(),
             address: address.to_owned(),
-            status,
-            body: body.to_owned(),
+            status: status.as_u16(),
+            body,
         });
     }
-    serde_json::from_str(body).map_err(|_| InstanceApiError::Body {
+    serde_json::from_str(&body).map_err(|_| InstanceApiError::Body {
         method,
         path: path.to_owned(),
         address: address.to_owned(),
-        body: body.to_owned(),
+        body,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::{Authority, server_name, tls};
+    use std::time::SystemTime;
+
+    #[test]
+    fn addresses_name_the_server_and_bracket_ipv6() {
+        assert_eq!(
+            address("a.b.instance.castellan.io", "10.0.0.7", 8000),
+            "a.b.instance.castellan.io@10.0.0.7:8000"
+        );
+        assert_eq!(
+            address("a.b.instance.castellan.io", "fd00::7", 8000),
+            "a.b.instance.castellan.io@[fd00::7]:8000"
+        );
+        assert!(target("10.0.0.7:8000").is_err(), "no name, no call");
+    }
+
+    /// A one-route HTTPS server with the instance manager's TLS configuration.
+    async fn serve(config: rustls::ServerConfig) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("listening");
+        let bound = listener.local_addr().expect("address");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let app = axum::Router::new().route(
+            "/status",
+            axum::routing::get(|headers: axum::http::HeaderMap| async move {
+                axum::Json(serde_json::json!({
+                    "host": headers.get("host").and_then(|h| h.to_str().ok()),
+                }))
+            }),
+        );
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(
+                            TokioIo::new(stream),
+                            hyper_util::service::TowerToHyperService::new(app),
+                        )
+                        .await;
+                });
+            }
+        });
+        bound
+    }
+
+    #[tokio::test]
+    async fn calls_verify_the_cluster_and_present_the_operator() {
+        let now = SystemTime::now();
+        let ca = Arc::new(Authority::generate(now).expect("ca"));
+        let server = ca.issue_server("orders", "shop", now).expect("server");
+        let dir = std::env::temp_dir().join(format!("client-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("ca.crt"), ca.cert_pem()).expect("ca");
+        std::fs::write(dir.join("tls.crt"), &server.cert_pem).expect("cert");
+        std::fs::write(dir.join("tls.key"), &server.key_pem).expect("key");
+        let config = tls::instance_server_config(
+            &dir.join("ca.crt"),
+            &dir.join("tls.crt"),
+            &dir.join("tls.key"),
+        )
+        .expect("server config");
+        let _ = std::fs::remove_dir_all(&dir);
+        let bound = serve(config).await;
+        let ip = bound.ip().to_string();
+        let port = i32::from(bound.port());
+
+        let unconfigured = call("GET", &address("x", &ip, port), "/status", None).await;
+        assert!(
+            matches!(&unconfigured, Err(InstanceApiError::Io { source, .. }) if source.kind() == io::ErrorKind::NotConnected),
+            "{unconfigured:?}"
+        );
+        configure(tls::operator_client_config(ca).expect("client config"));
+
+        let right = address(&server_name("orders", "shop"), &ip, port);
+        let answer = call("GET", &right, "/status", None)
+            .await
+            .expect("the operator reaches its cluster's instance");
+        assert_eq!(answer["host"], "orders.shop.instance.castellan.io");
+
+        let wrong = address(&server_name("orders", "other"), &ip, port);
+        let refused = call("GET", &wrong, "/status", None).await;
+        assert!(
+            matches!(&refused, Err(InstanceApiError::Io { .. })),
+            "an instance of another cluster is not trusted: {refused:?}"
+        );
+        let missing = call("GET", &right, "/nothing", None).await;
+        assert!(
+            matches!(missing, Err(InstanceApiError::Status { status: 404, .. })),
+            "{missing:?}"
+        );
+    }
 }

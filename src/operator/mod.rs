@@ -5,10 +5,12 @@
 //! supervisor in `root.rs`, each with one `ReplicaActor` per instance). Each actor has
 //! a folder with its pure machine beside its shell (`cluster/`, `replica/`); what they
 //! share without acting is `context.rs`. Objects are built by `build.rs`, the instance
-//! API is called by `instance_client.rs`. One replica of the operator acts at a time
+//! API is called by `instance_client.rs` (mutual TLS with the certificates of
+//! `certificates.rs`). One replica of the operator acts at a time
 //! (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
 
 pub mod build;
+mod certificates;
 mod cluster;
 mod context;
 mod endpoints;
@@ -46,7 +48,7 @@ pub struct OperatorArgs {
     /// Tag of the instance image.
     #[arg(long, env = "CASTELLAN_IMAGE_TAG", default_value = env!("CARGO_PKG_VERSION"))]
     pub image_tag: String,
-    /// Namespace of the leader Lease (the operator's own).
+    /// The operator's own namespace: its leader Lease and the CA Secret `castellan-ca`.
     #[arg(long, env = "POD_NAMESPACE", default_value = "castellan-system")]
     pub namespace: String,
     /// This replica's name in the leader Lease; the pod name in a cluster.
@@ -88,6 +90,16 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     metrics
         .leader
         .store(1, std::sync::atomic::Ordering::Relaxed);
+    // The CA, and the operator's client certificate for the instance API from it.
+    let authority = Arc::new(
+        certificates::ensure_authority(&client, &args.namespace)
+            .await
+            .context("setting up Castellan's CA")?,
+    );
+    instance_client::configure(
+        crate::pki::tls::operator_client_config(authority.clone())
+            .context("setting up the operator's client certificate")?,
+    );
     let shared = Arc::new(context::Shared::new(
         client.clone(),
         metrics,
@@ -98,6 +110,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             telemetry_env: build::telemetry_env_from(std::env::vars()),
         },
         &identity,
+        authority,
     ));
     let system = castellan_actors::ActorSystem::start("castellan-actors")
         .context("starting the actor system")?;

@@ -22,6 +22,7 @@ use crate::instance_api::RunningRole;
 use crate::operator::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
 use crate::operator::context::Shared;
 use crate::operator::endpoints::Metrics;
+use crate::operator::instance_client;
 
 pub const MANAGER: &str = "castellan-operator";
 
@@ -35,6 +36,8 @@ pub enum Error {
     },
     #[error("generating a password: {0}")]
     Password(std::io::Error),
+    #[error(transparent)]
+    Certificates(#[from] crate::operator::certificates::Error),
 }
 
 fn kube_error(
@@ -133,6 +136,14 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 )
                 .await;
         }
+    }
+
+    // The instance API's certificate, before any pod mounts it.
+    if let Some(note) =
+        crate::operator::certificates::ensure_instance_tls(client, cluster, &context.authority)
+            .await?
+    {
+        context.record(cluster, note).await;
     }
 
     // Replicas follow the primary through the -rw Service's address, so a failover
@@ -455,6 +466,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
             cordoned.insert(node_name.clone());
         }
     }
+    let server_name = crate::pki::server_name(&name, &namespace);
     let mut members: BTreeMap<String, Member> = existing
         .iter()
         .filter(|(n, _)| !removed.contains(n))
@@ -463,7 +475,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 .status
                 .as_ref()
                 .and_then(|s| s.pod_ip.as_ref())
-                .map(|ip| format!("{ip}:{INSTANCE_API_PORT}"));
+                .map(|ip| instance_client::address(&server_name, ip, INSTANCE_API_PORT));
             let cordoned = pod
                 .spec
                 .as_ref()

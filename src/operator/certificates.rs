@@ -1,0 +1,302 @@
+//! Where the operator keeps Castellan's PKI (`crate::pki` makes the certificates):
+//!
+//! - the CA in the Secret `castellan-ca` of the operator's own namespace
+//!   (`kubernetes.io/tls`: `tls.crt`, `tls.key`), made by the first operator that finds
+//!   none and never rewritten: two replicas racing to make it end with the one the API
+//!   server stored first;
+//! - each cluster's instance certificate in `<cluster>-instance-tls` beside the
+//!   cluster, owned by it, made once and issued again only when it is no longer right
+//!   (a third of its life left, or signed by a CA that is no longer the CA).
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use castellan_crds::DatabaseCluster;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::PostParams;
+use kube::{Api, Client, ResourceExt};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use super::build;
+use super::cluster::Note;
+use crate::pki::{self, Authority, PkiError, Standing};
+
+/// The CA's Secret, in the operator's namespace.
+pub const CA_SECRET: &str = "castellan-ca";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {source}")]
+    Kube { what: String, source: kube::Error },
+    #[error("{what}: {source}")]
+    Pki { what: String, source: PkiError },
+    #[error(
+        "the CA Secret {namespace}/{CA_SECRET} has no {key}; Castellan never overwrites it: \
+         restore it, or delete it to have a new CA made (every instance certificate is \
+         then issued again)"
+    )]
+    Incomplete {
+        namespace: String,
+        key: &'static str,
+    },
+}
+
+fn kube_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Kube { what, source }
+}
+
+fn pki_error(what: impl Into<String>) -> impl FnOnce(PkiError) -> Error {
+    let what = what.into();
+    move |source| Error::Pki { what, source }
+}
+
+fn text(data: &BTreeMap<String, ByteString>, key: &str) -> Option<String> {
+    data.get(key)
+        .map(|value| String::from_utf8_lossy(&value.0).into_owned())
+}
+
+fn read_authority(secret: &Secret, namespace: &str) -> Result<Authority, Error> {
+    let data = secret.data.clone().unwrap_or_default();
+    let field = |key: &'static str| {
+        text(&data, key).ok_or_else(|| Error::Incomplete {
+            namespace: namespace.to_owned(),
+            key,
+        })
+    };
+    Authority::from_pem(&field("tls.crt")?, &field("tls.key")?).map_err(pki_error(format!(
+        "reading the CA from Secret {namespace}/{CA_SECRET}"
+    )))
+}
+
+fn ca_secret(authority: &Authority, namespace: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(CA_SECRET.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_owned(),
+                "castellan".to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/tls".to_owned()),
+        data: Some(BTreeMap::from([
+            (
+                "tls.crt".to_owned(),
+                ByteString(authority.cert_pem().as_bytes().to_vec()),
+            ),
+            (
+                "tls.key".to_owned(),
+                ByteString(authority.key_pem().as_bytes().to_vec()),
+            ),
+        ])),
+        ..Secret::default()
+    }
+}
+
+/// The CA of this installation: read from its Secret, or made and stored if there is
+/// none.
+pub async fn ensure_authority(client: &Client, namespace: &str) -> Result<Authority, Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let reading = format!("reading Secret {namespace}/{CA_SECRET}");
+    if let Some(found) = secrets
+        .get_opt(CA_SECRET)
+        .await
+        .map_err(kube_error(reading.clone()))?
+    {
+        tracing::info!(secret = %format!("{namespace}/{CA_SECRET}"), "using the existing CA");
+        return read_authority(&found, namespace);
+    }
+    let authority = Authority::generate(SystemTime::now()).map_err(pki_error("making a new CA"))?;
+    match secrets
+        .create(&PostParams::default(), &ca_secret(&authority, namespace))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(secret = %format!("{namespace}/{CA_SECRET}"), "made a new CA");
+            Ok(authority)
+        }
+        // Another replica stored its CA first; that one is the CA, and this one is
+        // forgotten before it signed anything.
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            tracing::info!("another operator made the CA first; using it");
+            let found = secrets.get(CA_SECRET).await.map_err(kube_error(reading))?;
+            read_authority(&found, namespace)
+        }
+        Err(source) => Err(Error::Kube {
+            what: format!("creating Secret {namespace}/{CA_SECRET}"),
+            source,
+        }),
+    }
+}
+
+/// Why a cluster's instance Secret must be written, if it must.
+fn reissue_reason(
+    secret: Option<&Secret>,
+    authority: &Authority,
+    server_name: &str,
+    now: SystemTime,
+) -> Option<String> {
+    let Some(secret) = secret else {
+        return Some("there is none".to_owned());
+    };
+    let data = secret.data.clone().unwrap_or_default();
+    let (Some(cert), Some(_key)) = (data.get("tls.crt"), data.get("tls.key")) else {
+        return Some("the Secret lacks tls.crt or tls.key".to_owned());
+    };
+    match authority.examine(&cert.0, server_name, now) {
+        Standing::Current => {}
+        Standing::Expiring => return Some("it has a third of its life left or less".to_owned()),
+        Standing::Foreign(why) | Standing::Unreadable(why) => return Some(why),
+    }
+    // The instances trust the callers that ca.crt lists; it must list the CA that
+    // signed the operator's certificate.
+    let trusted = data
+        .get("ca.crt")
+        .map(|bundle| {
+            CertificateDer::pem_slice_iter(&bundle.0)
+                .filter_map(Result::ok)
+                .any(|ca| ca == *authority.cert_der())
+        })
+        .unwrap_or(false);
+    if trusted {
+        None
+    } else {
+        Some("its ca.crt does not hold the current CA".to_owned())
+    }
+}
+
+/// Makes sure the cluster's instances have a current certificate in their Secret
+/// before any pod mounts it; returns the Event to record when one was written.
+pub async fn ensure_instance_tls(
+    client: &Client,
+    cluster: &DatabaseCluster,
+    authority: &Authority,
+) -> Result<Option<Note>, Error> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let name = build::secret_name(cluster, build::INSTANCE_TLS);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let existing = secrets
+        .get_opt(&name)
+        .await
+        .map_err(kube_error(format!("reading Secret {namespace}/{name}")))?;
+    let server_name = pki::server_name(&cluster.name_any(), &namespace);
+    let now = SystemTime::now();
+    let Some(reason) = reissue_reason(existing.as_ref(), authority, &server_name, now) else {
+        return Ok(None);
+    };
+    let issued = authority
+        .issue_server(&cluster.name_any(), &namespace, now)
+        .map_err(pki_error(format!(
+            "issuing the certificate for {server_name}"
+        )))?;
+    let mut secret = build::instance_tls_secret(cluster, authority.cert_pem(), &issued);
+    let expires = k8s_openapi::jiff::Timestamp::try_from(issued.not_after)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| "?".to_owned());
+    let written = match existing {
+        None => secrets.create(&PostParams::default(), &secret).await,
+        Some(old) => {
+            // Conditional on what was read, so two writers cannot both replace it.
+            secret.metadata.resource_version = old.resource_version();
+            secrets
+                .replace(&name, &PostParams::default(), &secret)
+                .await
+        }
+    };
+    match written {
+        Ok(_) => {}
+        // Someone else wrote it meanwhile; the next pass looks at theirs.
+        Err(kube::Error::Api(status)) if status.code == 409 => return Ok(None),
+        Err(source) => {
+            return Err(Error::Kube {
+                what: format!("writing Secret {namespace}/{name}"),
+                source,
+            });
+        }
+    }
+    tracing::info!(secret = %name, %reason, %expires, "issued the instance certificate");
+    Ok(Some(Note::normal(
+        "IssuedCertificate",
+        format!(
+            "issued the instances' certificate for {server_name} into Secret {name}, valid until {expires} ({reason})"
+        ),
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(data: &[(&str, &str)]) -> Secret {
+        Secret {
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
+            ..Secret::default()
+        }
+    }
+
+    #[test]
+    fn an_instance_secret_is_written_only_when_it_is_not_right() {
+        let now = SystemTime::now();
+        let ca = Authority::generate(now).expect("a CA");
+        let name = pki::server_name("orders", "shop");
+        let issued = ca.issue_server("orders", "shop", now).expect("issued");
+        let good = secret(&[
+            ("ca.crt", ca.cert_pem()),
+            ("tls.crt", &issued.cert_pem),
+            ("tls.key", &issued.key_pem),
+        ]);
+        assert_eq!(reissue_reason(Some(&good), &ca, &name, now), None);
+        assert!(reissue_reason(None, &ca, &name, now).is_some());
+        assert!(
+            reissue_reason(Some(&good), &ca, &name, now + pki::SERVER_VALIDITY * 3 / 4).is_some(),
+            "renewed in the last third of its life"
+        );
+        let other = Authority::generate(now).expect("another CA");
+        assert!(
+            reissue_reason(Some(&good), &other, &name, now).is_some(),
+            "re-issued when the CA changed"
+        );
+        let stale_bundle = secret(&[
+            ("ca.crt", other.cert_pem()),
+            ("tls.crt", &issued.cert_pem),
+            ("tls.key", &issued.key_pem),
+        ]);
+        assert!(reissue_reason(Some(&stale_bundle), &ca, &name, now).is_some());
+        let bundle = format!("{}{}", other.cert_pem(), ca.cert_pem());
+        let rotating = secret(&[
+            ("ca.crt", &bundle),
+            ("tls.crt", &issued.cert_pem),
+            ("tls.key", &issued.key_pem),
+        ]);
+        assert_eq!(
+            reissue_reason(Some(&rotating), &ca, &name, now),
+            None,
+            "a bundle that holds the current CA is right"
+        );
+        let keyless = secret(&[("ca.crt", ca.cert_pem()), ("tls.crt", &issued.cert_pem)]);
+        assert!(reissue_reason(Some(&keyless), &ca, &name, now).is_some());
+    }
+
+    #[test]
+    fn the_ca_secret_reads_back_as_the_same_ca() {
+        let ca = Authority::generate(SystemTime::now()).expect("a CA");
+        let stored = ca_secret(&ca, "castellan-system");
+        assert_eq!(stored.type_.as_deref(), Some("kubernetes.io/tls"));
+        let read = read_authority(&stored, "castellan-system").expect("reads back");
+        assert_eq!(read.cert_der(), ca.cert_der());
+        let broken = secret(&[("tls.crt", ca.cert_pem())]);
+        assert!(matches!(
+            read_authority(&broken, "castellan-system"),
+            Err(Error::Incomplete { key: "tls.key", .. })
+        ));
+    }
+}

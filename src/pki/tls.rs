@@ -1,0 +1,470 @@
+//! The TLS configurations of the two ends of the instance API.
+//!
+//! - The operator ([`operator_client_config`]) trusts only Castellan's CA, verifies the
+//!   instance's server certificate for the cluster's name (not the IP it dials), and
+//!   presents its client certificate, re-issued in memory when a third of its life is
+//!   left.
+//! - An instance manager ([`instance_server_config`]) serves its cluster's certificate
+//!   (re-read when the mounted Secret changes) and requires a client certificate that
+//!   chains to the CA, carries EKU clientAuth, and names the operator.
+//!
+//! TLS 1.3 only: both ends are Castellan, so there is no older peer to serve.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use rustls::client::ResolvesClientCert;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore,
+    ServerConfig, SignatureScheme,
+};
+
+use super::{Authority, OPERATOR_NAME, PkiError, dns_names};
+
+/// The crypto provider both ends use. Explicit, because the process links rustls with
+/// more than one dependency's choice of provider, and an implicit default would panic.
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certified(
+    cert: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+    what: &'static str,
+) -> Result<CertifiedKey, PkiError> {
+    CertifiedKey::from_der(vec![cert], key, &provider())
+        .map_err(|source| PkiError::Tls { what, source })
+}
+
+/// The operator's client configuration for the instance API.
+pub fn operator_client_config(authority: Arc<Authority>) -> Result<ClientConfig, PkiError> {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(authority.cert_der().clone())
+        .map_err(|source| PkiError::Tls {
+            what: "the operator's trust in the CA",
+            source,
+        })?;
+    let certificate = OperatorCertificate::new(authority, SystemTime::now())?;
+    Ok(ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|source| PkiError::Tls {
+            what: "the operator's TLS client",
+            source,
+        })?
+        .with_root_certificates(roots)
+        .with_client_cert_resolver(Arc::new(certificate)))
+}
+
+/// The operator's client certificate, renewed when a third of its life is left. It
+/// never leaves memory, so renewing it needs no Secret and no restart.
+struct OperatorCertificate {
+    authority: Arc<Authority>,
+    current: Mutex<(Arc<CertifiedKey>, SystemTime)>,
+}
+
+impl std::fmt::Debug for OperatorCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorCertificate")
+            .finish_non_exhaustive()
+    }
+}
+
+impl OperatorCertificate {
+    fn new(authority: Arc<Authority>, now: SystemTime) -> Result<Self, PkiError> {
+        let current = Self::issue(&authority, now)?;
+        Ok(Self {
+            authority,
+            current: Mutex::new(current),
+        })
+    }
+
+    /// A new certificate, and when to replace it.
+    fn issue(
+        authority: &Authority,
+        now: SystemTime,
+    ) -> Result<(Arc<CertifiedKey>, SystemTime), PkiError> {
+        let issued = authority.issue_operator(now)?;
+        let key = certified(
+            issued.cert_der()?,
+            issued.key_der()?,
+            "the operator's client certificate",
+        )?;
+        let renew_at = now + super::CLIENT_VALIDITY * 2 / 3;
+        Ok((Arc::new(key), renew_at))
+    }
+}
+
+impl ResolvesClientCert for OperatorCertificate {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        let mut current = match self.current.lock() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let now = SystemTime::now();
+        if now >= current.1 {
+            match Self::issue(&self.authority, now) {
+                Ok(renewed) => {
+                    tracing::info!("renewed the operator's client certificate");
+                    *current = renewed;
+                }
+                // The old one is still valid for a third of its life: keep using it.
+                Err(error) => {
+                    tracing::warn!(%error, "could not renew the operator's client certificate")
+                }
+            }
+        }
+        Some(current.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// An instance manager's server configuration: its certificate and key from files
+/// (the mounted Secret), and only the operator as a client, as vouched for by the CA
+/// certificates in `ca_file` (several may be listed: a trust bundle during rotation).
+pub fn instance_server_config(
+    ca_file: &Path,
+    cert_file: &Path,
+    key_file: &Path,
+) -> Result<ServerConfig, PkiError> {
+    let ca_pem = std::fs::read(ca_file).map_err(|source| PkiError::Io {
+        path: ca_file.to_owned(),
+        source,
+    })?;
+    let mut roots = RootCertStore::empty();
+    for certificate in CertificateDer::pem_slice_iter(&ca_pem) {
+        let certificate = certificate.map_err(|e| PkiError::Pem {
+            what: ca_file.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        roots.add(certificate).map_err(|source| PkiError::Tls {
+            what: "the instance's trust in the CA",
+            source,
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(PkiError::Pem {
+            what: ca_file.display().to_string(),
+            reason: "no CERTIFICATE block".to_owned(),
+        });
+    }
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?;
+    let certificate = FileCertificate::load(cert_file, key_file)?;
+    Ok(ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|source| PkiError::Tls {
+            what: "the instance API's TLS server",
+            source,
+        })?
+        .with_client_cert_verifier(Arc::new(OperatorOnly(verifier)))
+        .with_cert_resolver(Arc::new(certificate)))
+}
+
+/// The CA's verdict (chain, validity, EKU clientAuth), and then the client's name: the
+/// same CA may one day sign client certificates for other purposes (PostgreSQL users),
+/// and none of those may call the instance API.
+#[derive(Debug)]
+struct OperatorOnly(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for OperatorOnly {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self.0.verify_client_cert(end_entity, intermediates, now)?;
+        let names = dns_names(end_entity)
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+        if names.iter().any(|name| name == OPERATOR_NAME) {
+            Ok(verified)
+        } else {
+            tracing::warn!(
+                ?names,
+                "refused a client certificate of the CA that does not name the operator"
+            );
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// A server certificate kept in files, read again when the certificate file changes:
+/// the kubelet replaces a mounted Secret's files when the operator renews it, and the
+/// instance manager keeps running.
+#[derive(Debug)]
+struct FileCertificate {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    current: Mutex<(Option<SystemTime>, Arc<CertifiedKey>)>,
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+impl FileCertificate {
+    fn load(cert_file: &Path, key_file: &Path) -> Result<Self, PkiError> {
+        let stamp = modified(cert_file);
+        let key = Self::read(cert_file, key_file)?;
+        Ok(Self {
+            cert_file: cert_file.to_owned(),
+            key_file: key_file.to_owned(),
+            current: Mutex::new((stamp, Arc::new(key))),
+        })
+    }
+
+    fn read(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, PkiError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|source| PkiError::Io {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let cert_pem = read(cert_file)?;
+        let key_pem = read(key_file)?;
+        let cert = super::first_certificate(&cert_pem, &cert_file.display().to_string())?;
+        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| PkiError::Pem {
+            what: key_file.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        certified(cert, key, "the instance API's server certificate")
+    }
+}
+
+impl ResolvesServerCert for FileCertificate {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut current = match self.current.lock() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let stamp = modified(&self.cert_file);
+        if stamp != current.0 {
+            // Between the two reads the other file may still be the old one; then the
+            // pair does not match, and the next handshake tries again.
+            match Self::read(&self.cert_file, &self.key_file) {
+                Ok(key) => {
+                    tracing::info!(file = %self.cert_file.display(), "serving the renewed certificate");
+                    *current = (stamp, Arc::new(key));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "keeping the previous server certificate")
+                }
+            }
+        }
+        Some(current.1.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::server_name;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+    struct Files(PathBuf);
+
+    impl Files {
+        fn write(name: &str, ca: &Authority, server: &crate::pki::Issued) -> Self {
+            let dir = std::env::temp_dir().join(format!("pki-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("directory");
+            std::fs::write(dir.join("ca.crt"), ca.cert_pem()).expect("ca");
+            std::fs::write(dir.join("tls.crt"), &server.cert_pem).expect("cert");
+            std::fs::write(dir.join("tls.key"), &server.key_pem).expect("key");
+            Self(dir)
+        }
+
+        fn server_config(&self) -> ServerConfig {
+            instance_server_config(
+                &self.0.join("ca.crt"),
+                &self.0.join("tls.crt"),
+                &self.0.join("tls.key"),
+            )
+            .expect("server config")
+        }
+    }
+
+    impl Drop for Files {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A client configuration presenting `client` (any certificate), trusting `ca`.
+    fn client_with(ca: &Authority, client: Option<&crate::pki::Issued>) -> ClientConfig {
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.cert_der().clone()).expect("root");
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("versions")
+            .with_root_certificates(roots);
+        match client {
+            Some(client) => builder
+                .with_client_auth_cert(
+                    vec![client.cert_der().expect("der")],
+                    client.key_der().expect("key"),
+                )
+                .expect("client cert"),
+            None => builder.with_no_client_auth(),
+        }
+    }
+
+    /// One exchange over an in-memory pipe: the server's certificate as the client saw
+    /// it, if the server accepted the client and echoed a byte back.
+    async fn exchange(
+        server: Arc<ServerConfig>,
+        client: ClientConfig,
+        name: &str,
+    ) -> Option<CertificateDer<'static>> {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let acceptor = TlsAcceptor::from(server);
+        let server = tokio::spawn(async move {
+            let mut stream = acceptor.accept(far).await.ok()?;
+            let mut byte = [0u8; 1];
+            stream.read_exact(&mut byte).await.ok()?;
+            stream.write_all(&byte).await.ok()?;
+            stream.flush().await.ok()
+        });
+        let name = rustls::pki_types::ServerName::try_from(name.to_owned()).expect("name");
+        let client = async move {
+            let mut stream = TlsConnector::from(Arc::new(client))
+                .connect(name, near)
+                .await
+                .ok()?;
+            stream.write_all(b"x").await.ok()?;
+            stream.flush().await.ok()?;
+            let mut byte = [0u8; 1];
+            stream.read_exact(&mut byte).await.ok()?;
+            let seen = stream.get_ref().1.peer_certificates()?.first()?.clone();
+            (byte == *b"x").then_some(seen)
+        };
+        let seen = client.await;
+        server.await.ok().flatten()?;
+        seen
+    }
+
+    #[tokio::test]
+    async fn only_the_operator_gets_through() {
+        let now = SystemTime::now();
+        let ca = Arc::new(Authority::generate(now).expect("ca"));
+        let server = ca.issue_server("orders", "shop", now).expect("server");
+        let files = Files::write("through", &ca, &server);
+        let name = server_name("orders", "shop");
+
+        let operator = operator_client_config(ca.clone()).expect("operator config");
+        let config = Arc::new(files.server_config());
+        assert!(
+            exchange(config.clone(), operator.clone(), &name)
+                .await
+                .is_some(),
+            "the operator's certificate is accepted"
+        );
+        assert!(
+            exchange(config.clone(), client_with(&ca, None), &name)
+                .await
+                .is_none(),
+            "no client certificate: refused"
+        );
+        assert!(
+            exchange(config.clone(), client_with(&ca, Some(&server)), &name)
+                .await
+                .is_none(),
+            "a server certificate of the same CA is refused as a client certificate"
+        );
+        let other = Authority::generate(now).expect("another CA");
+        let foreign = other.issue_operator(now).expect("foreign operator");
+        assert!(
+            exchange(config.clone(), client_with(&ca, Some(&foreign)), &name)
+                .await
+                .is_none(),
+            "an operator certificate of another CA is refused"
+        );
+        // A clientAuth certificate of the same CA for someone else: refused too.
+        let stranger = ca
+            .issue(
+                "a stranger".to_owned(),
+                "stranger",
+                "stranger.castellan.io",
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+                now,
+                crate::pki::CLIENT_VALIDITY,
+            )
+            .expect("a stranger's certificate");
+        assert!(
+            exchange(config.clone(), client_with(&ca, Some(&stranger)), &name)
+                .await
+                .is_none(),
+            "a client certificate of the CA that does not name the operator is refused"
+        );
+        assert!(
+            exchange(config, operator, &server_name("orders", "elsewhere"))
+                .await
+                .is_none(),
+            "the operator refuses an instance that is not of the cluster it dials"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_renewed_certificate_is_served_without_a_restart() {
+        let now = SystemTime::now();
+        let ca = Arc::new(Authority::generate(now).expect("ca"));
+        let server = ca.issue_server("orders", "shop", now).expect("server");
+        let files = Files::write("renewed", &ca, &server);
+        let config = Arc::new(files.server_config());
+        // A new client each time: a resumed session would show the first certificate.
+        let operator = || operator_client_config(ca.clone()).expect("operator config");
+        let name = server_name("orders", "shop");
+        let first = exchange(config.clone(), operator(), &name).await;
+        assert_eq!(first, Some(server.cert_der().expect("der")));
+        // Replaced as the kubelet does it: new files with a new modification time.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let renewed = ca.issue_server("orders", "shop", now).expect("renewed");
+        std::fs::write(files.0.join("tls.key"), &renewed.key_pem).expect("key");
+        std::fs::write(files.0.join("tls.crt"), &renewed.cert_pem).expect("cert");
+        let second = exchange(config, operator(), &name).await;
+        assert_eq!(second, Some(renewed.cert_der().expect("der")));
+    }
+}
