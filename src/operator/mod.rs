@@ -5,8 +5,9 @@
 //! supervisor, each with one `ReplicaActor` per instance). The actors run the work as
 //! pure state machines (`cluster.rs`, `replica.rs`) with a thin shell (`shell.rs`)
 //! that performs their effects: a pass over the owned objects (`converge.rs`, built
-//! from `build.rs`), the instance API (`instance_client.rs`), Events. One replica acts
-//! at a time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
+//! from `build.rs`, its `VolumesBound` condition decided by `volumes.rs`), the
+//! instance API (`instance_client.rs`), Events. One replica acts at a time
+//! (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
 
 pub mod build;
 mod cluster;
@@ -17,6 +18,7 @@ mod leader;
 mod reconcile;
 mod replica;
 mod shell;
+mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
