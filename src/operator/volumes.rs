@@ -262,12 +262,18 @@ fn explain(
         Problem::Unschedulable { pod, message } => (
             UNSCHEDULABLE,
             format!(
-                "pod {pod} cannot be scheduled, so its volume claim stays unbound: {message}{hint}",
+                "pod {pod} cannot be scheduled, so volume claim {claims_text} stays unbound: \
+                 {message}{hint}",
+                // The provisioner's own reason (a pool without room on the node the
+                // scheduler tried) is an Event on the claim, not on any object here.
                 hint = if volume_related(message) {
-                    " (give the StorageClass room: disks for its StoragePool on more nodes, \
-                     free space, or PersistentVolumes it can bind)"
+                    format!(
+                        " (why: kubectl describe pvc {claims_text}; the StorageClass needs \
+                         room: disks for its StoragePool on more nodes, free space, or \
+                         PersistentVolumes it can bind)"
+                    )
                 } else {
-                    ""
+                    String::new()
                 },
             ),
         ),
@@ -295,10 +301,17 @@ fn explain(
 /// reasons), rather than CPU, memory or taints.
 fn volume_related(message: &str) -> bool {
     let message = message.to_ascii_lowercase();
-    message.contains("persistent volume")
-        || message.contains("persistentvolumeclaim")
-        || message.contains("volume node affinity")
-        || message.contains("enough space")
+    [
+        "persistent volume",
+        "persistentvolumeclaim",
+        "volume node affinity",
+        "enough space",
+        // PreBind, when the provisioner gave up on the node the scheduler picked.
+        "binding volumes",
+        "provisioning failed",
+    ]
+    .iter()
+    .any(|phrase| message.contains(phrase))
 }
 
 #[cfg(test)]
@@ -433,13 +446,31 @@ mod tests {
         );
         assert!(
             c.message.starts_with(
-                "pod db-1 cannot be scheduled, so its volume claim stays unbound: 0/3 nodes"
+                "pod db-1 cannot be scheduled, so volume claim db-1 stays unbound: 0/3 nodes"
             ),
             "{}",
             c.message
         );
         assert!(
-            c.message.contains("give the StorageClass room"),
+            c.message
+                .contains("(why: kubectl describe pvc db-1; the StorageClass needs room"),
+            "{}",
+            c.message
+        );
+
+        // What the scheduler says when the agent refused to provision on its node (seen
+        // on the local cluster with a 50Gi claim and 10 GiB disks).
+        let refused = "running PreBind plugin \"VolumeBinding\": binding volumes: \
+            provisioning failed for PVC \"db-1\"";
+        let c = decide(
+            &claims,
+            &[pod("db-1", Some(("False", "SchedulerError", refused)))],
+            &[],
+        );
+        assert_eq!(c.reason, "Unschedulable");
+        assert!(
+            c.message
+                .contains("provisioning failed for PVC \"db-1\" (why: kubectl describe pvc db-1"),
             "{}",
             c.message
         );
