@@ -10,6 +10,10 @@ export CASTELLAN_CACHE ?= /var/cache/castellan
 export CARGO_TARGET_DIR ?= $(CASTELLAN_CACHE)/target
 export CARGO_TERM_COLOR ?= never
 
+# `make up`'s cluster: state directory and port base (16000) can be moved with
+# CASTELLAN_DEV_DIR and CASTELLAN_PORT_BASE, which the deploy/local scripts read.
+DEV_DIR := $(or $(CASTELLAN_DEV_DIR),$(CURDIR)/.dev)
+
 # `make test` runs its own cluster beside any `make up` one: another state directory,
 # other ports.
 TEST_DEV_DIR := $(CURDIR)/.dev/test
@@ -22,7 +26,8 @@ PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devn
 .PHONY: help deps controlplane otel build up down crds check test bench bench-storage
 
 help:
-	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy) with Castellan's CRDs"
+	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), Castellan's operator and agent,"
+	@echo "            a disk per node, a StoragePool over them (the default StorageClass) and a 3-instance PostgreSQL cluster on it"
 	@echo "make down   stop it and remove its state"
 	@echo "make test   formatting, lints, unit and end-to-end tests"
 	@echo "make crds   regenerate crds/ from the Rust types"
@@ -48,7 +53,7 @@ up: controlplane
 	@cargo build --quiet -p castellan
 	@deploy/local/agent.sh up
 	@deploy/local/example.sh up
-	@echo "KUBECONFIG=$(CURDIR)/.dev/kubeconfig $(CURDIR)/.dev/bin/kubectl get castellan"
+	@echo "KUBECONFIG=$(DEV_DIR)/kubeconfig $(DEV_DIR)/bin/kubectl get castellan"
 
 down:
 	@deploy/local/nodes.sh down
@@ -64,7 +69,7 @@ check: deps
 # Against the running `make up` cluster (it adds and removes its own pool and disks on
 # node-1). Debug profile: it times the agent, not itself.
 bench-storage:
-	CASTELLAN_KUBECONFIG=$(CURDIR)/.dev/kubeconfig cargo bench --profile dev -p castellan --bench storage_hotplug
+	CASTELLAN_KUBECONFIG=$(DEV_DIR)/kubeconfig cargo bench --profile dev -p castellan --bench storage_hotplug
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
 # this target starts and always stops, whatever the outcome.

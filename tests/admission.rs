@@ -381,6 +381,12 @@ fn cases() -> Vec<Case> {
             "storageClass.name cannot be changed",
         ),
         case(
+            "default class not a boolean",
+            StoragePool,
+            Create(json!({"storageClass": {"default": "yes"}})),
+            "spec.storageClass.default: Invalid value: \"string\": spec.storageClass.default in body must be of type boolean",
+        ),
+        case(
             "reclaim policy changed",
             StoragePool,
             Update(json!({"storageClass": {"reclaimPolicy": "Retain"}})),
@@ -586,6 +592,17 @@ async fn the_valid_objects_are_accepted() {
             )
             .await
             .expect("raising version, replicas and size is accepted");
+        }
+        // Unlike its class's name and reclaim policy, whether a pool's class is the
+        // cluster's default may change (the agent re-annotates the StorageClass).
+        if let Kind::StoragePool = kind {
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"storageClass": {"default": true}}})),
+            )
+            .await
+            .expect("making the pool's class the default is accepted");
         }
         api.delete(&name, &Default::default())
             .await

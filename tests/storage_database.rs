@@ -1,7 +1,10 @@
 //! End-to-end: a three-instance PostgreSQL DatabaseCluster on a StoragePool's
 //! StorageClass becomes Ready, each instance's data in a btrfs subvolume of the pool on
-//! its own node, with a quota of the cluster's storage size. Needs root, the local
-//! cluster in `CASTELLAN_KUBECONFIG` with its three nodes, and PostgreSQL 15.
+//! its own node, with a quota of the cluster's storage size; and a cluster that names no
+//! class waits with `VolumesBound=False` (`NoStorageClass`) until a pool's class is made
+//! the default, then becomes Ready on it, while one naming a class that does not exist
+//! says so (`StorageClassNotFound`). Needs root, the local cluster in
+//! `CASTELLAN_KUBECONFIG` with its three nodes, and PostgreSQL 15.
 //!
 //! The agent runs as the DaemonSet (`deploy/local/agent.sh up`); the operator as a host
 //! process scoped to the test's namespace, as in tests/operator.rs.
@@ -9,7 +12,7 @@
 mod support;
 
 use support::agent::{agent_up, dev_dir};
-use support::cluster::Operator;
+use support::cluster::{Operator, describe, jsonpath};
 use support::disks::{Loops, MIB, run, sparse_file};
 use support::{TestNamespace, client, eventually, kubectl, kubectl_ok};
 
@@ -27,6 +30,8 @@ const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
 struct Teardown {
     loops: Loops,
     pool: String,
+    /// The node label the pool selects (each test its own, as they run side by side).
+    label: &'static str,
     dev: PathBuf,
     namespace: String,
 }
@@ -39,7 +44,7 @@ impl Drop for Teardown {
         let _ = kubectl(&["delete", "pv", "-l", &selector, "--timeout=60s"]);
         let _ = kubectl(&["delete", "storagepool", &self.pool, "--timeout=60s"]);
         for node in NODES {
-            let _ = kubectl(&["label", "node", node, "castellan.io/test-database-"]);
+            let _ = kubectl(&["label", "node", node, &format!("{}-", self.label)]);
             let mount = self.dev.join("pools").join(node).join(&self.pool);
             let _ = std::process::Command::new("umount").arg(&mount).status();
         }
@@ -61,25 +66,14 @@ impl Drop for Teardown {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
-    let client = client().await;
-    let dev = dev_dir();
-    agent_up(&dev);
-    let pool_name = format!("db-{}", std::process::id());
-    let namespace = TestNamespace::create(&client, "dbpool").await;
-    let ns = namespace.name.clone();
-    let mut teardown = Teardown {
-        loops: Loops::default(),
-        pool: pool_name.clone(),
-        dev: dev.clone(),
-        namespace: ns.clone(),
-    };
-
-    // One 1 GiB disk per node, a `single` pool on the three of them.
+/// One 1 GiB disk per node and a `single` pool named after the teardown's pool over the
+/// three of them, publishing a StorageClass of the same name (the cluster's default when
+/// `default`); returns once the pool is Ready on the three nodes.
+async fn single_pool(client: &kube::Client, teardown: &mut Teardown, default: bool) {
+    let pool_name = teardown.pool.clone();
     let mut nodes = Vec::new();
     for node in NODES {
-        let dir = dev.join("disks").join(node);
+        let dir = teardown.dev.join("disks").join(node);
         std::fs::create_dir_all(&dir).expect("creating the node's disk directory");
         let path =
             teardown
@@ -91,7 +85,7 @@ async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
             "--overwrite",
             "node",
             node,
-            "castellan.io/test-database=true",
+            &format!("{}=true", teardown.label),
         ]);
     }
     let pools = Api::<StoragePool>::all(client.clone());
@@ -100,10 +94,10 @@ async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
         "kind": "StoragePool",
         "metadata": { "name": pool_name },
         "spec": {
-            "nodeSelector": { "matchLabels": { "castellan.io/test-database": "true" } },
+            "nodeSelector": { "matchLabels": { teardown.label: "true" } },
             "devices": { "nodes": nodes },
             "layout": "single",
-            "storageClass": { "name": pool_name, "reclaimPolicy": "Delete" },
+            "storageClass": { "name": pool_name, "reclaimPolicy": "Delete", "default": default },
         }
     }))
     .expect("a StoragePool");
@@ -128,6 +122,26 @@ async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
+    let client = client().await;
+    let dev = dev_dir();
+    agent_up(&dev);
+    let pool_name = format!("db-{}", std::process::id());
+    let namespace = TestNamespace::create(&client, "dbpool").await;
+    let ns = namespace.name.clone();
+    let mut teardown = Teardown {
+        loops: Loops::default(),
+        pool: pool_name.clone(),
+        label: "castellan.io/test-database",
+        dev: dev.clone(),
+        namespace: ns.clone(),
+    };
+
+    // One 1 GiB disk per node, a `single` pool on the three of them.
+    single_pool(&client, &mut teardown, false).await;
 
     let _operator = Operator::start(&ns, "127.0.65.1:8080");
     let manifest = format!(
@@ -231,5 +245,188 @@ async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
     seen_nodes.sort();
     assert_eq!(seen_nodes, NODES, "one instance per node");
     kubectl_ok(&["delete", "dbc", "ledger", "-n", &ns, "--timeout=120s"]);
+    let _ = kubectl(&["delete", "pvc", "--all", "-n", &ns, "--timeout=60s"]);
+}
+
+/// `kubectl apply`s a one-instance cluster `name`, naming `class` or, without one, no
+/// StorageClass at all.
+fn apply_small_cluster(namespace: &str, name: &str, class: Option<&str>) {
+    let storage = match class {
+        Some(class) => format!("{{size: 256Mi, storageClassName: {class}}}"),
+        None => "{size: 256Mi}".to_owned(),
+    };
+    let file = std::env::temp_dir().join(format!("{namespace}-{name}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: {name}}}\nspec:\n  \
+             engine: postgresql\n  version: \"15\"\n  replicas: 1\n  storage: {storage}\n  \
+             bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n"
+        ),
+    )
+    .expect("writing the manifest");
+    kubectl_ok(&["apply", "-n", namespace, "-f", &file.to_string_lossy()]);
+}
+
+/// `status/reason` of a cluster's `VolumesBound` condition, e.g. `False/NoStorageClass`.
+fn volumes_bound(namespace: &str, name: &str) -> String {
+    jsonpath(
+        "dbc",
+        name,
+        namespace,
+        "{.status.conditions[?(@.type==\"VolumesBound\")].status}/\
+         {.status.conditions[?(@.type==\"VolumesBound\")].reason}",
+    )
+}
+
+fn volumes_bound_message(namespace: &str, name: &str) -> String {
+    jsonpath(
+        "dbc",
+        name,
+        namespace,
+        "{.status.conditions[?(@.type==\"VolumesBound\")].message}",
+    )
+}
+
+/// `type|series count` of each Event with `reason` about cluster `name`.
+fn events_about(namespace: &str, name: &str, reason: &str) -> Vec<String> {
+    kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        &format!("reason={reason},involvedObject.name={name}"),
+        "-o",
+        "jsonpath={range .items[*]}{.type}|{.series.count}{\"\\n\"}{end}",
+    ])
+    .lines()
+    .map(str::to_owned)
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_without_a_class_uses_the_default_pool_and_a_missing_class_is_named() {
+    let client = client().await;
+    let dev = dev_dir();
+    agent_up(&dev);
+    let pool_name = format!("dflt-{}", std::process::id());
+    let namespace = TestNamespace::create(&client, "dbdefault").await;
+    let ns = namespace.name.clone();
+    let mut teardown = Teardown {
+        loops: Loops::default(),
+        pool: pool_name.clone(),
+        label: "castellan.io/test-default-class",
+        dev: dev.clone(),
+        namespace: ns.clone(),
+    };
+    // Not the default yet: first the operator must say that nothing can bind.
+    single_pool(&client, &mut teardown, false).await;
+    let operator = Operator::start(&ns, "127.0.65.2:8080");
+    let diagnostics = || describe(&ns, std::slice::from_ref(&operator.log));
+    let missing_class = format!("no-such-class-{}", std::process::id());
+
+    apply_small_cluster(&ns, "plain", None);
+    apply_small_cluster(&ns, "astray", Some(&missing_class));
+    for (cluster, expected) in [
+        ("plain", "False/NoStorageClass"),
+        ("astray", "False/StorageClassNotFound"),
+    ] {
+        eventually(
+            &format!("{cluster}: VolumesBound {expected}"),
+            Duration::from_secs(60),
+            || async {
+                match volumes_bound(&ns, cluster) {
+                    found if found == expected => Ok(()),
+                    found => Err(format!("{found}\n{}", diagnostics())),
+                }
+            },
+        )
+        .await;
+    }
+    let message = volumes_bound_message(&ns, "plain");
+    assert!(
+        message.contains("plain-1 names no StorageClass and the cluster has no default one")
+            && message.contains("spec.storageClass.default: true"),
+        "plain's message says what is wrong and what to do: {message}"
+    );
+    let message = volumes_bound_message(&ns, "astray");
+    assert!(
+        message.starts_with(&format!("StorageClass {missing_class} does not exist")),
+        "astray's message names the class: {message}"
+    );
+    // One Warning each, when the condition turned False (not one per pass).
+    for (cluster, reason) in [
+        ("plain", "NoStorageClass"),
+        ("astray", "StorageClassNotFound"),
+    ] {
+        assert_eq!(
+            events_about(&ns, cluster, reason),
+            ["Warning|"],
+            "{cluster}: one {reason} Warning Event\n{}",
+            diagnostics()
+        );
+    }
+
+    // The pool's class made the default: the volume controller gives the waiting claim
+    // that class, the agent provisions it, and the cluster becomes Ready on the pool.
+    kubectl_ok(&[
+        "patch",
+        "storagepool",
+        &pool_name,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"storageClass":{"default":true}}}"#,
+    ]);
+    // And a cluster created while the default exists gets it at once (`make up`'s path).
+    apply_small_cluster(&ns, "second", None);
+    let started = Instant::now();
+    for cluster in ["plain", "second"] {
+        eventually(
+            &format!("{cluster} Ready on the default class"),
+            Duration::from_secs(180),
+            || async {
+                match (
+                    jsonpath(
+                        "dbc",
+                        cluster,
+                        &ns,
+                        "{.status.phase}/{.status.readyInstances}",
+                    ),
+                    volumes_bound(&ns, cluster),
+                ) {
+                    (phase, volumes) if phase == "Ready/1" && volumes == "True/Bound" => Ok(()),
+                    other => Err(format!("{other:?}\n{}", diagnostics())),
+                }
+            },
+        )
+        .await;
+        let claim = format!("{cluster}-1");
+        assert_eq!(
+            jsonpath("pvc", &claim, &ns, "{.spec.storageClassName}"),
+            pool_name,
+            "{claim} got the default class"
+        );
+        let volume = jsonpath("pvc", &claim, &ns, "{.spec.volumeName}");
+        let labels = kubectl_ok(&["get", "pv", &volume, "-o", "jsonpath={.metadata.labels}"]);
+        assert!(
+            labels.contains(&format!("\"castellan.io/pool\":\"{pool_name}\"")),
+            "{claim}'s volume {volume} is the pool's: {labels}"
+        );
+    }
+    println!(
+        "default class set → both clusters Ready: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // The class still does not exist: still named, and still only one Warning.
+    assert_eq!(volumes_bound(&ns, "astray"), "False/StorageClassNotFound");
+    assert_eq!(
+        events_about(&ns, "astray", "StorageClassNotFound"),
+        ["Warning|"]
+    );
+
+    for cluster in ["plain", "second", "astray"] {
+        kubectl_ok(&["delete", "dbc", cluster, "-n", &ns, "--timeout=120s"]);
+    }
     let _ = kubectl(&["delete", "pvc", "--all", "-n", &ns, "--timeout=60s"]);
 }

@@ -124,7 +124,11 @@ pub struct PoolStorageClass {
     #[x_kube(validation = Rule::new("self == oldSelf").message("storageClass.reclaimPolicy cannot be changed: Kubernetes StorageClasses are immutable").reason(Reason::FieldValueForbidden))]
     pub reclaim_policy: ReclaimPolicy,
 
-    /// Make it the cluster's default StorageClass.
+    /// Make it the cluster's default StorageClass (the annotation
+    /// `storageclass.kubernetes.io/is-default-class: "true"`): claims that name no class,
+    /// such as a DatabaseCluster's without `storage.storageClassName`, get this one. May
+    /// be changed at any time; when several classes are default, Kubernetes gives new
+    /// claims the most recently created one.
     #[serde(default)]
     pub default: bool,
 }

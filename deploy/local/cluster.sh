@@ -195,7 +195,13 @@ up() {
     --profiling=false --v=1
   wait_for kube-apiserver 120 healthy
 
+  # Without the endpoint controllers: the API server refuses loopback pod addresses in
+  # Endpoints and EndpointSlices, so they could never publish these pods and only logged
+  # a Warning Event per Service every few minutes. The Service proxy selects the ready
+  # pods itself (deploy/node/src/proxy.rs). Names as `kube-controller-manager --help`
+  # lists them at v1.37.
   start kube-controller-manager "$bin/kube-controller-manager" \
+    --controllers '*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller' \
     --kubeconfig "$dev/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$dev/controller-manager.kubeconfig" \
     --authorization-kubeconfig "$dev/controller-manager.kubeconfig" \

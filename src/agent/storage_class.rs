@@ -96,4 +96,25 @@ mod tests {
             ("StoragePool", "fast", "u-1")
         );
     }
+
+    /// `default: false` is written out, not left off: the agent applies the class with
+    /// server-side apply, so a pool unmarked as the default must overwrite the "true" it
+    /// wrote before; Kubernetes reads anything but "true" as not the default.
+    #[test]
+    fn a_pool_that_is_not_the_default_says_so() {
+        let pool: StoragePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "castellan.io/v1alpha1",
+            "kind": "StoragePool",
+            "metadata": { "name": "slow" },
+            "spec": { "layout": "single", "storageClass": { "name": "castellan-slow" } },
+        }))
+        .unwrap();
+        assert!(!pool.spec.storage_class.default, "off unless asked for");
+        let class = build(&pool);
+        assert_eq!(
+            class.metadata.annotations.unwrap()[DEFAULT_CLASS_ANNOTATION],
+            "false"
+        );
+        assert_eq!(class.reclaim_policy.as_deref(), Some("Delete"));
+    }
 }

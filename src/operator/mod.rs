@@ -4,8 +4,8 @@
 //! each cluster's desired state to its `ClusterActor` (one per cluster, under the root
 //! supervisor in `root.rs`, each with one `ReplicaActor` per instance). Each actor has
 //! a folder with its pure machine beside its shell (`cluster/`, `replica/`); what they
-//! share without acting is `context.rs`. Objects are built by `build.rs`, the instance
-//! API is called by `instance_client.rs` (mutual TLS with the certificates of
+//! share without acting is `context.rs`. Objects are built by `build.rs`, the `VolumesBound` condition
+//! is decided by `cluster/volumes.rs`, the instance API is called by `instance_client.rs` (mutual TLS with the certificates of
 //! `certificates.rs`). One replica of the operator acts at a time
 //! (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
 

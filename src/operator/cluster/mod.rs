@@ -9,6 +9,7 @@
 //! - `switchover.rs` — switchover by request or drain;
 //! - `quorum.rs` — the synchronous quorum under `dataDurability`;
 //! - `pass.rs` — one I/O pass over Secrets, Services, budgets, volumes, pods and status;
+//!   `volumes.rs` decides its `VolumesBound` condition;
 //! - `shell.rs` — performs the machine's effects.
 
 mod failover;
@@ -21,6 +22,7 @@ mod quorum;
 pub mod shell;
 mod state;
 mod switchover;
+mod volumes;
 
 pub use machine::ClusterMachine;
 pub use state::*;

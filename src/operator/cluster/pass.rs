@@ -4,7 +4,7 @@
 //! cleared, then write status from the instances' latest views. Idempotent: a second
 //! pass with nothing changed creates nothing and writes the same status.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::{
@@ -12,12 +12,14 @@ use castellan_crds::database_cluster::{
 };
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use super::state::{Assessment, ConvergeOrder, Converged, Member, Note};
+use super::volumes;
 use crate::instance_api::RunningRole;
 use crate::operator::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
 use crate::operator::context::Shared;
@@ -89,6 +91,48 @@ fn pod_ready(pod: &Pod) -> bool {
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True")
         })
+}
+
+/// The StorageClasses that `claims` waiting for a volume name and that do not exist,
+/// for `VolumesBound`. A lookup that fails counts as "exists": a missing permission to
+/// read StorageClasses must not fail the whole pass.
+async fn missing_storage_classes(
+    client: &Client,
+    claims: &[PersistentVolumeClaim],
+) -> BTreeSet<String> {
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let mut missing = BTreeSet::new();
+    for class in volumes::classes_of_unbound(claims) {
+        match classes.get_opt(&class).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                missing.insert(class);
+            }
+            Err(error) => tracing::warn!(%class, %error, "could not read StorageClass"),
+        }
+    }
+    missing
+}
+
+/// The condition `type_` as the API server has it now. `None` when it cannot be read.
+async fn written_condition(
+    client: &Client,
+    cluster: &DatabaseCluster,
+    type_: &str,
+) -> Option<Condition> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    match clusters.get_status(&cluster.name_any()).await {
+        Ok(fresh) => fresh
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_),
+        Err(error) => {
+            tracing::warn!(cluster = %cluster.name_any(), %error, "could not read the cluster's status");
+            None
+        }
+    }
 }
 
 pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, Error> {
@@ -193,16 +237,18 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
 
     let desired = u32::try_from(cluster.spec.replicas.max(1)).unwrap_or(1);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
+    let mut applied_claims = Vec::new();
     for n in 1..=desired {
         let claim = build::volume_claim(cluster, n);
         let claim_name = claim.name_any();
-        claims
+        let applied = claims
             .patch(&claim_name, &apply, &Patch::Apply(&claim))
             .await
             .map_err(kube_error(
                 format!("applying volume claim {claim_name}"),
                 cluster,
             ))?;
+        applied_claims.push(applied);
     }
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -400,6 +446,29 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         "Progressing"
     };
     let previous = cluster.status.clone().unwrap_or_default();
+    let previous_volumes = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == volumes::CONDITION);
+    let volumes_bound = volumes::condition(
+        &applied_claims,
+        existing.values(),
+        &missing_storage_classes(client, &applied_claims).await,
+        previous_volumes,
+        cluster.metadata.generation,
+        Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    let mut volumes_warning = volumes::warning(previous_volumes, &volumes_bound);
+    if volumes_warning.is_some() {
+        // The cluster this pass started from may predate the status the previous pass
+        // wrote (the controller's cache lags the write): decide again on a fresh read,
+        // so that the Warning is recorded once, not once per pass until the cache catches up.
+        let written = written_condition(client, cluster, volumes::CONDITION).await;
+        volumes_warning = volumes::warning(written.as_ref(), &volumes_bound);
+    }
+    if let Some(note) = volumes_warning {
+        context.record(cluster, note).await;
+    }
     let status = DatabaseClusterStatus {
         observed_generation: cluster.metadata.generation,
         conditions: vec![
@@ -427,6 +496,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
             ),
             degraded_condition(cluster, order.degraded.as_deref()),
             assessed(cluster, "PrimaryAvailable", &order.primary_condition),
+            volumes_bound,
         ]
         .into_iter()
         .chain(

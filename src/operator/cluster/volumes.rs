@@ -1,0 +1,635 @@
+//! `VolumesBound`: whether every instance's volume claim of a `DatabaseCluster` got a
+//! volume, and when one did not, why and what the user can do about it.
+//!
+//! Pure: decided from the claims the pass applied, the cluster's pods (the scheduler
+//! writes why it cannot place a pod in its `PodScheduled` condition) and which of the
+//! StorageClasses the claims name do not exist (looked up by the shell, `converge.rs`).
+//! Without this a cluster whose claims cannot bind sits in `Creating` with nothing on
+//! the cluster saying why; the reason was only on the claim's or the pod's Events.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+
+use super::state::Note;
+
+/// The condition's type.
+pub const CONDITION: &str = "VolumesBound";
+
+/// Every claim has its volume.
+pub const BOUND: &str = "Bound";
+/// A claim names no StorageClass and the cluster has no default one.
+pub const NO_STORAGE_CLASS: &str = "NoStorageClass";
+/// A claim names a StorageClass that does not exist.
+pub const STORAGE_CLASS_NOT_FOUND: &str = "StorageClassNotFound";
+/// A claim's volume is gone (`Lost`).
+pub const VOLUME_LOST: &str = "VolumeLost";
+/// The scheduler cannot place a pod with its claim.
+pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// Claims wait for a volume that is on its way: their pods are not created or not
+/// placed yet (a `WaitForFirstConsumer` class binds only then), or the volume is being
+/// provisioned. Normal for a few seconds while instances are created.
+pub const WAITING_FOR_VOLUME: &str = "WaitingForVolume";
+
+/// What one claim waits for, most serious first (the condition reports the most
+/// serious one over all claims).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Problem {
+    NoStorageClass,
+    StorageClassNotFound(String),
+    Lost { volume: Option<String> },
+    Unschedulable { pod: String, message: String },
+    Waiting { node: Option<String> },
+}
+
+/// The `VolumesBound` condition of a cluster whose instances' claims are `claims`,
+/// whose pods are `pods`, where the StorageClasses in `missing_classes` do not exist.
+/// `previous` is the condition the status holds now: its transition time is kept while
+/// the status stays the same.
+pub fn condition<'a>(
+    claims: &[PersistentVolumeClaim],
+    pods: impl IntoIterator<Item = &'a Pod>,
+    missing_classes: &BTreeSet<String>,
+    previous: Option<&Condition>,
+    generation: Option<i64>,
+    now: Time,
+) -> Condition {
+    let pods: Vec<&Pod> = pods.into_iter().collect();
+    let mut problems: Vec<(Problem, String)> = claims
+        .iter()
+        .filter_map(|claim| {
+            let problem = problem(claim, &pods, missing_classes)?;
+            Some((problem, claim.name_any()))
+        })
+        .collect();
+    problems.sort();
+    let (status, reason, message) = match problems.first() {
+        None => (
+            "True",
+            BOUND,
+            format!("{} of {} volume claims bound", claims.len(), claims.len()),
+        ),
+        Some((worst, _)) => {
+            // Every claim with the same problem, named in the message.
+            let group: Vec<&(Problem, String)> = problems
+                .iter()
+                .filter(|(problem, _)| same_group(problem, worst))
+                .collect();
+            let (reason, message) = explain(worst, &group, claims.len() - problems.len());
+            ("False", reason, message)
+        }
+    };
+    let last_transition_time = previous
+        .filter(|previous| previous.status == status)
+        .map_or(now, |previous| previous.last_transition_time.clone());
+    Condition {
+        type_: CONDITION.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// The StorageClasses named by claims that are not bound yet: the ones whose existence
+/// the shell looks up for [`condition`] (bound claims need no lookup).
+pub fn classes_of_unbound(claims: &[PersistentVolumeClaim]) -> BTreeSet<String> {
+    claims
+        .iter()
+        .filter(|claim| claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound"))
+        .filter_map(|claim| claim.spec.as_ref()?.storage_class_name.clone())
+        .filter(|class| !class.is_empty())
+        .collect()
+}
+
+/// The Warning Event to record when `current` newly reports a problem the user has to
+/// act on: once when the condition turns False, or when the reason changes while False.
+/// Waiting for a volume that is on its way is not one: every new cluster waits a few
+/// seconds, and a Warning for it would be noise.
+pub fn warning(previous: Option<&Condition>, current: &Condition) -> Option<Note> {
+    if current.status != "False" || current.reason == WAITING_FOR_VOLUME {
+        return None;
+    }
+    let already = previous.is_some_and(|previous| {
+        previous.status == current.status && previous.reason == current.reason
+    });
+    if already {
+        return None;
+    }
+    let reason = match current.reason.as_str() {
+        NO_STORAGE_CLASS => NO_STORAGE_CLASS,
+        STORAGE_CLASS_NOT_FOUND => STORAGE_CLASS_NOT_FOUND,
+        VOLUME_LOST => VOLUME_LOST,
+        _ => UNSCHEDULABLE,
+    };
+    Some(Note::warning(reason, current.message.clone()))
+}
+
+/// Whether two claims' problems are told in one message: the same missing class, any
+/// wait; the others are about one claim's own volume or pod.
+fn same_group(a: &Problem, b: &Problem) -> bool {
+    matches!((a, b), (Problem::Waiting { .. }, Problem::Waiting { .. })) || a == b
+}
+
+/// What `claim` waits for, or `None` when it is bound.
+fn problem(
+    claim: &PersistentVolumeClaim,
+    pods: &[&Pod],
+    missing_classes: &BTreeSet<String>,
+) -> Option<Problem> {
+    let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+    match phase {
+        Some("Bound") => return None,
+        Some("Lost") => {
+            return Some(Problem::Lost {
+                volume: claim.spec.as_ref().and_then(|s| s.volume_name.clone()),
+            });
+        }
+        // Pending, or not yet looked at by the volume controller.
+        _ => {}
+    }
+    let class = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone())
+        .filter(|class| !class.is_empty());
+    // The DefaultStorageClass admission plugin fills in the default class when the claim
+    // is created, and the volume controller does so later for claims made before a
+    // default existed; a claim still without one means there is no default.
+    let Some(class) = class else {
+        return Some(Problem::NoStorageClass);
+    };
+    if missing_classes.contains(&class) {
+        return Some(Problem::StorageClassNotFound(class));
+    }
+    let pod = pods.iter().find(|pod| uses(pod, &claim.name_any()));
+    if let Some(pod) = pod
+        && let Some(message) = unschedulable(pod)
+    {
+        return Some(Problem::Unschedulable {
+            pod: pod.name_any(),
+            message,
+        });
+    }
+    Some(Problem::Waiting {
+        node: claim
+            .annotations()
+            .get("volume.kubernetes.io/selected-node")
+            .cloned(),
+    })
+}
+
+fn uses(pod: &Pod, claim: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|volumes| {
+            volumes.iter().any(|volume| {
+                volume
+                    .persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|source| source.claim_name == claim)
+            })
+        })
+}
+
+/// The scheduler's account of why it cannot place `pod`, if it gave up on it.
+fn unschedulable(pod: &Pod) -> Option<String> {
+    let scheduled = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?;
+    if scheduled.status != "False" {
+        return None;
+    }
+    let message = scheduled.message.clone().unwrap_or_default();
+    Some(if message.is_empty() {
+        scheduled
+            .reason
+            .clone()
+            .unwrap_or_else(|| "no reason given".to_owned())
+    } else {
+        message
+    })
+}
+
+fn explain(
+    problem: &Problem,
+    group: &[&(Problem, String)],
+    bound: usize,
+) -> (&'static str, String) {
+    let claims: Vec<&str> = group.iter().map(|(_, name)| name.as_str()).collect();
+    let claims_text = claims.join(", ");
+    let plural = claims.len() > 1;
+    match problem {
+        Problem::NoStorageClass => (
+            NO_STORAGE_CLASS,
+            format!(
+                "volume claim{s} {claims_text} name{v} no StorageClass and the cluster has no \
+                 default one: mark a StorageClass as the default (for a StoragePool, \
+                 spec.storageClass.default: true) or set spec.storage.storageClassName",
+                s = if plural { "s" } else { "" },
+                v = if plural { "" } else { "s" },
+            ),
+        ),
+        Problem::StorageClassNotFound(class) => (
+            STORAGE_CLASS_NOT_FOUND,
+            format!(
+                "StorageClass {class} does not exist, so volume claim{s} {claims_text} cannot \
+                 be provisioned: create it (for example a StoragePool with \
+                 spec.storageClass.name: {class}); spec.storage.storageClassName cannot be \
+                 changed once set, so a cluster meant for another class must be recreated",
+                s = if plural { "s" } else { "" },
+            ),
+        ),
+        Problem::Lost { volume } => (
+            VOLUME_LOST,
+            format!(
+                "volume claim {claims_text} lost its volume{volume}: delete the claim and its \
+                 pod, and the operator rebuilds the instance on a new volume",
+                volume = volume
+                    .as_deref()
+                    .map(|v| format!(" {v}"))
+                    .unwrap_or_default(),
+            ),
+        ),
+        Problem::Unschedulable { pod, message } => (
+            UNSCHEDULABLE,
+            format!(
+                "pod {pod} cannot be scheduled, so volume claim {claims_text} stays unbound: \
+                 {message}{hint}",
+                // The provisioner's own reason (a pool without room on the node the
+                // scheduler tried) is an Event on the claim, not on any object here.
+                hint = if volume_related(message) {
+                    format!(
+                        " (why: kubectl describe pvc {claims_text}; the StorageClass needs \
+                         room: disks for its StoragePool on more nodes, free space, or \
+                         PersistentVolumes it can bind)"
+                    )
+                } else {
+                    String::new()
+                },
+            ),
+        ),
+        Problem::Waiting { .. } => (
+            WAITING_FOR_VOLUME,
+            format!(
+                "{bound} of {total} volume claims bound; waiting: {waits}",
+                total = bound + claims.len(),
+                waits = group
+                    .iter()
+                    .map(|(problem, name)| match problem {
+                        Problem::Waiting { node: Some(node) } => {
+                            format!("{name} (its volume is being provisioned on {node})")
+                        }
+                        _ => format!("{name} (binds once a pod using it is scheduled)"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+        ),
+    }
+}
+
+/// Whether the scheduler's message is about volumes (the VolumeBinding plugin's
+/// reasons), rather than CPU, memory or taints.
+fn volume_related(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    [
+        "persistent volume",
+        "persistentvolumeclaim",
+        "volume node affinity",
+        "enough space",
+        // PreBind, when the provisioner gave up on the node the scheduler picked.
+        "binding volumes",
+        "provisioning failed",
+    ]
+    .iter()
+    .any(|phrase| message.contains(phrase))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn at(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap())
+    }
+
+    fn claim(name: &str, class: Option<&str>, phase: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": { "storageClassName": class, "accessModes": ["ReadWriteOnce"] },
+            "status": { "phase": phase },
+        }))
+        .unwrap()
+    }
+
+    fn pod(name: &str, scheduled: Option<(&str, &str, &str)>) -> Pod {
+        let conditions: Vec<_> = scheduled
+            .into_iter()
+            .map(|(status, reason, message)| {
+                json!({ "type": "PodScheduled", "status": status, "reason": reason, "message": message })
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "containers": [{ "name": "postgres" }],
+                "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": name } }],
+            },
+            "status": { "conditions": conditions },
+        }))
+        .unwrap()
+    }
+
+    fn decide(claims: &[PersistentVolumeClaim], pods: &[Pod], missing: &[&str]) -> Condition {
+        let missing = missing.iter().map(|s| s.to_string()).collect();
+        condition(claims, pods, &missing, None, Some(4), at(100))
+    }
+
+    const NO_VOLUMES: &str = "0/3 nodes are available: 3 node(s) didn't find available \
+        persistent volumes to bind. preemption: 0/3 nodes are available: 3 Preemption is not \
+        helpful for scheduling.";
+
+    #[test]
+    fn every_claim_bound_is_true() {
+        let claims = [
+            claim("db-1", Some("fast"), "Bound"),
+            claim("db-2", Some("fast"), "Bound"),
+        ];
+        let c = decide(&claims, &[pod("db-1", Some(("True", "", "")))], &[]);
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            ("VolumesBound", "True", "Bound")
+        );
+        assert_eq!(c.message, "2 of 2 volume claims bound");
+        assert_eq!(c.observed_generation, Some(4));
+    }
+
+    #[test]
+    fn a_claim_without_class_says_there_is_no_default() {
+        let claims = [
+            claim("db-1", None, "Pending"),
+            claim("db-2", None, "Pending"),
+        ];
+        let pods = [pod(
+            "db-1",
+            Some((
+                "False",
+                "Unschedulable",
+                "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims.",
+            )),
+        )];
+        let c = decide(&claims, &pods, &[]);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "NoStorageClass")
+        );
+        assert!(
+            c.message
+                .starts_with("volume claims db-1, db-2 name no StorageClass"),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message.contains("spec.storageClass.default: true"),
+            "{}",
+            c.message
+        );
+    }
+
+    #[test]
+    fn a_missing_class_is_named_before_what_the_scheduler_says() {
+        let claims = [claim("db-1", Some("nope"), "Pending")];
+        let pods = [pod(
+            "db-1",
+            Some((
+                "False",
+                "Unschedulable",
+                "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims.",
+            )),
+        )];
+        let c = decide(&claims, &pods, &["nope"]);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "StorageClassNotFound")
+        );
+        assert!(
+            c.message.starts_with(
+                "StorageClass nope does not exist, so volume claim db-1 cannot be provisioned"
+            ),
+            "{}",
+            c.message
+        );
+    }
+
+    #[test]
+    fn an_unschedulable_pod_quotes_the_scheduler_with_a_hint_when_volumes_are_the_cause() {
+        let claims = [claim("db-1", Some("fast"), "Pending")];
+        let c = decide(
+            &claims,
+            &[pod("db-1", Some(("False", "Unschedulable", NO_VOLUMES)))],
+            &[],
+        );
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "Unschedulable")
+        );
+        assert!(
+            c.message.starts_with(
+                "pod db-1 cannot be scheduled, so volume claim db-1 stays unbound: 0/3 nodes"
+            ),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message
+                .contains("(why: kubectl describe pvc db-1; the StorageClass needs room"),
+            "{}",
+            c.message
+        );
+
+        // What the scheduler says when the agent refused to provision on its node (seen
+        // on the local cluster with a 50Gi claim and 10 GiB disks).
+        let refused = "running PreBind plugin \"VolumeBinding\": binding volumes: \
+            provisioning failed for PVC \"db-1\"";
+        let c = decide(
+            &claims,
+            &[pod("db-1", Some(("False", "SchedulerError", refused)))],
+            &[],
+        );
+        assert_eq!(c.reason, "Unschedulable");
+        assert!(
+            c.message
+                .contains("provisioning failed for PVC \"db-1\" (why: kubectl describe pvc db-1"),
+            "{}",
+            c.message
+        );
+
+        let cpu = "0/3 nodes are available: 3 Insufficient cpu.";
+        let c = decide(
+            &claims,
+            &[pod("db-1", Some(("False", "Unschedulable", cpu)))],
+            &[],
+        );
+        assert_eq!(c.reason, "Unschedulable");
+        assert!(
+            c.message.ends_with("Insufficient cpu."),
+            "no volume hint for CPU: {}",
+            c.message
+        );
+    }
+
+    #[test]
+    fn claims_whose_pods_are_not_placed_yet_are_waiting() {
+        let mut provisioning = claim("db-1", Some("fast"), "Pending");
+        provisioning.metadata.annotations = Some(
+            [(
+                "volume.kubernetes.io/selected-node".to_owned(),
+                "node-2".to_owned(),
+            )]
+            .into(),
+        );
+        let claims = [provisioning, claim("db-2", Some("fast"), "Bound")];
+        let c = decide(&claims, &[pod("db-1", None)], &[]);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "WaitingForVolume")
+        );
+        assert_eq!(
+            c.message,
+            "1 of 2 volume claims bound; waiting: db-1 (its volume is being provisioned on node-2)"
+        );
+
+        // Replicas' claims before their pods exist (they follow a ready primary).
+        let claims = [
+            claim("db-1", Some("fast"), "Bound"),
+            claim("db-2", Some("fast"), "Pending"),
+            claim("db-3", Some("fast"), "Pending"),
+        ];
+        let c = decide(&claims, &[pod("db-1", Some(("True", "", "")))], &[]);
+        assert_eq!(c.reason, "WaitingForVolume");
+        assert_eq!(
+            c.message,
+            "1 of 3 volume claims bound; waiting: db-2 (binds once a pod using it is scheduled), \
+             db-3 (binds once a pod using it is scheduled)"
+        );
+    }
+
+    #[test]
+    fn a_lost_volume_says_how_the_instance_comes_back() {
+        let mut lost = claim("db-2", Some("fast"), "Lost");
+        lost.spec.as_mut().unwrap().volume_name = Some("pvc-123".into());
+        let claims = [claim("db-1", Some("fast"), "Bound"), lost];
+        let c = decide(&claims, &[], &[]);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "VolumeLost")
+        );
+        assert!(
+            c.message
+                .starts_with("volume claim db-2 lost its volume pvc-123: delete the claim"),
+            "{}",
+            c.message
+        );
+    }
+
+    #[test]
+    fn the_most_serious_problem_wins() {
+        let claims = [
+            claim("db-1", Some("fast"), "Pending"),
+            claim("db-2", Some("nope"), "Pending"),
+            claim("db-3", None, "Pending"),
+        ];
+        let pods = [pod("db-1", Some(("False", "Unschedulable", NO_VOLUMES)))];
+        assert_eq!(decide(&claims, &pods, &["nope"]).reason, "NoStorageClass");
+        assert_eq!(
+            decide(&claims[..2], &pods, &["nope"]).reason,
+            "StorageClassNotFound"
+        );
+        assert_eq!(
+            decide(&claims[..1], &pods, &["nope"]).reason,
+            "Unschedulable"
+        );
+    }
+
+    #[test]
+    fn only_classes_of_unbound_claims_are_looked_up() {
+        let claims = [
+            claim("db-1", Some("fast"), "Bound"),
+            claim("db-2", Some("nope"), "Pending"),
+            claim("db-3", None, "Pending"),
+            claim("db-4", Some("nope"), "Pending"),
+        ];
+        assert_eq!(classes_of_unbound(&claims), ["nope".to_owned()].into());
+    }
+
+    #[test]
+    fn the_transition_time_stays_while_the_status_does() {
+        let claims = [claim("db-1", None, "Pending")];
+        let missing = BTreeSet::new();
+        let first = condition(&claims, &[], &missing, None, None, at(100));
+        assert_eq!(first.last_transition_time, at(100));
+        let again = condition(&claims, &[], &missing, Some(&first), None, at(200));
+        assert_eq!(again.last_transition_time, at(100), "still False");
+        let bound = [claim("db-1", Some("fast"), "Bound")];
+        let flipped = condition(&bound, &[], &missing, Some(&again), None, at(300));
+        assert_eq!(flipped.last_transition_time, at(300), "turned True");
+    }
+
+    #[test]
+    fn a_warning_once_per_problem_and_none_for_waiting() {
+        let claims = [claim("db-1", None, "Pending")];
+        let missing = BTreeSet::new();
+        let false_now = condition(&claims, &[], &missing, None, None, at(1));
+        let note = warning(None, &false_now).expect("a warning when it turns False");
+        assert!(note.warning);
+        assert_eq!(note.reason, "NoStorageClass");
+        assert_eq!(note.message, false_now.message);
+        assert_eq!(warning(Some(&false_now), &false_now), None, "only once");
+
+        let gone: BTreeSet<String> = ["nope".to_owned()].into();
+        let other = condition(
+            &[claim("db-1", Some("nope"), "Pending")],
+            &[],
+            &gone,
+            Some(&false_now),
+            None,
+            at(2),
+        );
+        assert_eq!(
+            warning(Some(&false_now), &other).map(|n| n.reason),
+            Some("StorageClassNotFound"),
+            "a new reason warns again"
+        );
+
+        let waiting = condition(
+            &[claim("db-1", Some("fast"), "Pending")],
+            &[],
+            &missing,
+            None,
+            None,
+            at(3),
+        );
+        assert_eq!(waiting.reason, "WaitingForVolume");
+        assert_eq!(warning(None, &waiting), None);
+        let bound = condition(
+            &[claim("db-1", Some("fast"), "Bound")],
+            &[],
+            &missing,
+            None,
+            None,
+            at(4),
+        );
+        assert_eq!(warning(Some(&false_now), &bound), None);
+    }
+}
