@@ -5,8 +5,9 @@
 //! and on every replica. The faults: the primary's postgres killed, its instance
 //! manager killed, its node stopped (and started again), its processes frozen (and
 //! thawed), its volume deleted, a switchover asked for, a replica killed, and the
-//! leading operator killed in the middle of a failover; then a seeded random sequence
-//! of them (`CASTELLAN_FAULT_SEED` replays one; the seed is printed).
+//! leading operator killed in the middle of a failover, the primary's node cordoned and
+//! drained; then a seeded random sequence of them (`CASTELLAN_FAULT_SEED` replays one;
+//! the seed is printed).
 
 mod support;
 
@@ -297,6 +298,41 @@ async fn no_acknowledged_write_is_lost_through_faults() {
     for fault in ALL {
         suite.inject(fault).await;
     }
+
+    // A drain of the primary's node: cordoning it switches the primary over to another
+    // node first, so the drain is not stopped by the primary's PodDisruptionBudget.
+    let primary = suite.primary();
+    let node_name = node_of(&ns, &primary);
+    let alone = addresses(&ns, CLUSTER)
+        .into_iter()
+        .all(|(pod, _)| pod == primary || node_of(&ns, &pod) != node_name);
+    kubectl_ok(&["cordon", &node_name]);
+    wait_for(
+        "a switchover away from the cordoned node",
+        Duration::from_secs(60),
+        || {
+            let now = suite.primary();
+            !now.is_empty() && now != primary && node_of(&ns, &now) != node_name
+        },
+        || describe(&ns, &logs),
+    );
+    if alone {
+        // The old primary is a replica now: the replicas' budget lets it go.
+        kubectl_ok(&[
+            "drain",
+            &node_name,
+            "--pod-selector",
+            &format!("castellan.io/cluster={CLUSTER}"),
+            "--ignore-daemonsets",
+            "--timeout=120s",
+        ]);
+        println!(
+            "drained {node_name}: the primary had moved to {}",
+            suite.primary()
+        );
+    }
+    kubectl_ok(&["uncordon", &node_name]);
+    suite.check("a drain of the primary's node").await;
 
     // The leading operator killed in the middle of a failover: the other finishes it.
     let primary = suite.primary();

@@ -432,6 +432,8 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         && existing.len() == desired as usize;
     let phase = if order.degraded.is_some() {
         "Degraded"
+    } else if order.failover.as_ref().is_some_and(|f| f.switchover) {
+        "Switchover"
     } else if order.failover.is_some() {
         "FailingOver"
     } else if order.primary_condition.reason == "Fenced" {

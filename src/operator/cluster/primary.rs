@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::failover::{self, Choice, LEASE_DURATION, Quorum};
 use super::state::*;
-use crate::instance_api::{LeaseGrant, PromoteRequest, RunningRole};
+use crate::instance_api::{LeaseGrant, RunningRole};
 use crate::operator::replica::{Command, InstanceView};
 
 use super::quorum::durability_required;
@@ -232,14 +232,6 @@ pub(super) fn promote_when_safe(
             }
         }
         Choice::Promote { instance, lsn } => {
-            let grant = LeaseGrant::starting(now, LEASE_DURATION);
-            state.leased_until = state.leased_until.max(Some(grant.valid_until()));
-            let slots = state
-                .members
-                .keys()
-                .filter(|name| **name != instance)
-                .cloned()
-                .collect();
             effects.push(ClusterEffect::Record(
                 Note::normal(
                     "Promoting",
@@ -250,15 +242,7 @@ pub(super) fn promote_when_safe(
                 )
                 .about(&instance),
             ));
-            let command = Command::Promote(PromoteRequest {
-                lease: grant,
-                slots,
-            });
-            state.commands.insert(instance.clone(), command.clone());
-            effects.push(ClusterEffect::Command {
-                instance: instance.clone(),
-                command,
-            });
+            state.promote(effects, &instance, now);
             if let Some(f) = state.failover.as_mut() {
                 f.target = Some(instance);
                 f.blocked = None;

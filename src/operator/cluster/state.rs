@@ -10,7 +10,7 @@ use castellan_crds::DatabaseCluster;
 use serde_json::Value;
 
 use super::failover::Quorum;
-use crate::instance_api::LeaseGrant;
+use crate::instance_api::{LeaseGrant, PromoteRequest};
 use crate::operator::replica::{Command, InstanceView};
 
 /// Annotation naming the instances to fence: a JSON list of pod names, or `["*"]` for
@@ -266,4 +266,48 @@ pub enum SwitchoverStage {
     },
     /// The target is being promoted.
     Promoting,
+}
+
+impl ClusterState {
+    /// Sends `instance` the promotion: its first lease from `now` (recorded, so no other
+    /// promotion happens before it ends), and a slot for every other member to follow it.
+    pub fn promote(&mut self, effects: &mut Vec<ClusterEffect>, instance: &str, now: SystemTime) {
+        let grant = LeaseGrant::starting(now, super::failover::LEASE_DURATION);
+        self.leased_until = self.leased_until.max(Some(grant.valid_until()));
+        let slots = self
+            .members
+            .keys()
+            .filter(|name| name.as_str() != instance)
+            .cloned()
+            .collect();
+        let command = Command::Promote(PromoteRequest {
+            lease: grant,
+            slots,
+        });
+        self.commands.insert(instance.to_owned(), command.clone());
+        effects.push(ClusterEffect::Command {
+            instance: instance.to_owned(),
+            command,
+        });
+    }
+
+    /// Gives up a switchover that cannot complete: the request is cleared and failover's
+    /// rules (the most advanced replica, once the lease has ended) take over from `from`.
+    pub fn hand_to_failover(
+        &mut self,
+        effects: &mut Vec<ClusterEffect>,
+        from: String,
+        reason: &str,
+        now: SystemTime,
+    ) {
+        self.switchover = None;
+        effects.push(ClusterEffect::ClearSwitchover);
+        self.failover = Some(Failover {
+            from,
+            reason: reason.to_owned(),
+            started: now,
+            target: None,
+            blocked: None,
+        });
+    }
 }

@@ -8,9 +8,8 @@ use castellan_crds::DatabaseCluster;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::failover::{self, LEASE_DURATION};
+use super::failover;
 use super::state::*;
-use crate::instance_api::{LeaseGrant, PromoteRequest};
 use crate::operator::replica::{Command, InstanceView};
 
 /// Annotation asking for a switchover to the named instance: a one-shot request that
@@ -121,25 +120,7 @@ pub(super) fn advance_switchover(state: &mut ClusterState, effects: &mut Vec<Clu
         .filter(|v| failover::promotable(v))
         .and_then(|v| v.receive_lsn.max(v.lsn));
     if received.is_some_and(|lsn| lsn > checkpoint) {
-        let grant = LeaseGrant::starting(now, LEASE_DURATION);
-        state.leased_until = state.leased_until.max(Some(grant.valid_until()));
-        let slots = state
-            .members
-            .keys()
-            .filter(|name| **name != switchover.to)
-            .cloned()
-            .collect();
-        let command = Command::Promote(PromoteRequest {
-            lease: grant,
-            slots,
-        });
-        state
-            .commands
-            .insert(switchover.to.clone(), command.clone());
-        effects.push(ClusterEffect::Command {
-            instance: switchover.to.clone(),
-            command,
-        });
+        state.promote(effects, &switchover.to, now);
         if let Some(s) = state.switchover.as_mut() {
             s.stage = SwitchoverStage::Promoting;
         }
@@ -154,15 +135,12 @@ pub(super) fn advance_switchover(state: &mut ClusterState, effects: &mut Vec<Clu
                 SWITCHOVER_CATCH_UP.as_secs()
             ),
         )));
-        state.switchover = None;
-        effects.push(ClusterEffect::ClearSwitchover);
-        state.failover = Some(Failover {
-            from: switchover.from,
-            reason: "a switchover could not complete".to_owned(),
-            started: now,
-            target: None,
-            blocked: None,
-        });
+        state.hand_to_failover(
+            effects,
+            switchover.from,
+            "a switchover could not complete",
+            now,
+        );
     }
 }
 
@@ -192,15 +170,13 @@ pub(super) fn switchover_step_done(
                 None => {
                     // Stopped, but where it stopped is unknown: only failover's rules
                     // (the most advanced replica) are safe now.
-                    state.switchover = None;
-                    effects.push(ClusterEffect::ClearSwitchover);
-                    state.failover = Some(Failover {
-                        from: switchover.from,
-                        reason: "stopped for a switchover without a known checkpoint".to_owned(),
-                        started: state.now.unwrap_or(switchover.started),
-                        target: None,
-                        blocked: None,
-                    });
+                    let now = state.now.unwrap_or(switchover.started);
+                    state.hand_to_failover(
+                        effects,
+                        switchover.from,
+                        "stopped for a switchover without a known checkpoint",
+                        now,
+                    );
                 }
             }
         }
@@ -248,15 +224,13 @@ pub(super) fn switchover_step_done(
                     switchover.to
                 ),
             )));
-            state.switchover = None;
-            effects.push(ClusterEffect::ClearSwitchover);
-            state.failover = Some(Failover {
-                from: switchover.from,
-                reason: "a switchover's promotion failed".to_owned(),
-                started: state.now.unwrap_or(switchover.started),
-                target: None,
-                blocked: None,
-            });
+            let now = state.now.unwrap_or(switchover.started);
+            state.hand_to_failover(
+                effects,
+                switchover.from,
+                "a switchover's promotion failed",
+                now,
+            );
         }
         _ => {}
     }
