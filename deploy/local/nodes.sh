@@ -91,7 +91,14 @@ start_process() { # name command...
   local name="$1"; shift
   running "$name" && return 0
   setsid "$@" >>"$logs/$name.log" 2>&1 < /dev/null &
-  echo $! > "$pids/$name"
+  local pid=$!
+  echo "$pid" > "$pids/$name"
+  # setsid execs the program in place: until it has, /proc/PID/exe is setsid's own, and
+  # `running` would take a node that is starting for one that exited.
+  for _ in $(seq 1 50); do
+    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == */setsid ]] || break
+    sleep 0.1
+  done
 }
 
 images_args() {
