@@ -111,8 +111,10 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         );
         let _ = writeln!(conf, "primary_conninfo = {}", quote(&conninfo));
         let _ = writeln!(conf, "primary_slot_name = {}", quote(&upstream.slot));
-        let _ = writeln!(conf, "recovery_target_timeline = 'latest'");
     }
+    // For both roles: it needs a restart to change, so a promoted primary whose file
+    // dropped it would report a pending restart for nothing.
+    let _ = writeln!(conf, "recovery_target_timeline = 'latest'");
     conf
 }
 

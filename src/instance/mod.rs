@@ -490,10 +490,12 @@ impl Supervisor {
         });
     }
 
+    /// Waits before trying again after a failure. The failure is logged, not reported
+    /// as the instance's `problem`: that is kept for what will not pass by itself (an
+    /// empty volume), which the operator fails over at once.
     fn back_off(&mut self, error: &anyhow::Error, what: &str) {
         let delay = self.restarts.next().unwrap_or(Duration::from_secs(30));
         tracing::error!(error = %format!("{error:#}"), ?delay, "{what}");
-        self.problem = Some(format!("{what}: {error:#}"));
         self.not_before = Instant::now() + delay;
     }
 

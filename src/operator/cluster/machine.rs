@@ -111,6 +111,9 @@ impl StateMachine for ClusterMachine {
                 state.views.retain(|name, _| members.contains_key(name));
                 state.commands.retain(|name, _| members.contains_key(name));
                 state.stale.retain(|name| members.contains_key(name));
+                state
+                    .settled_at
+                    .retain(|name, _| members.contains_key(name));
                 effects.push(ClusterEffect::Track(
                     state
                         .members
@@ -168,6 +171,9 @@ impl StateMachine for ClusterMachine {
             } => {
                 state.commands.remove(&instance);
                 state.stale.insert(instance.clone());
+                if let Some(now) = state.now {
+                    state.settled_at.insert(instance.clone(), now);
+                }
                 let before = roles(&state);
                 if state.switchover.is_some()
                     && matches!(command, Command::Promote(_) | Command::Demote)

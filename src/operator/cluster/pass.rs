@@ -534,7 +534,17 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
             .get_opt(node_name)
             .await
             .map_err(kube_error(format!("reading node {node_name}"), cluster))?;
-        if node.is_some_and(|n| n.spec.and_then(|s| s.unschedulable).unwrap_or(false)) {
+        // A drain cordons a node that works; a lost node is failover's business, and
+        // a switchover away from it could not stop its primary cleanly anyway.
+        let draining = node.is_some_and(|n| {
+            let ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            ready && n.spec.and_then(|s| s.unschedulable).unwrap_or(false)
+        });
+        if draining {
             cordoned.insert(node_name.clone());
         }
     }

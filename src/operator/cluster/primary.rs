@@ -323,6 +323,9 @@ pub(super) fn demote_strays(
         .filter(|(name, _)| {
             state.members.contains_key(*name) && !state.commands.contains_key(*name)
         })
+        // A view asked for before the instance's last command finished (a demotion,
+        // say) shows it as it was: no decision is taken on it.
+        .filter(|(name, view)| state.settled_at.get(*name).is_none_or(|at| view.at > *at))
         .filter_map(|(name, view)| {
             let split_brain =
                 view.reachable && view.role == Some(RunningRole::Primary) && view.running;

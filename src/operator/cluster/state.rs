@@ -166,6 +166,9 @@ pub struct ClusterState {
     pub commands: BTreeMap<String, Command>,
     /// Instances whose last view predates their last command.
     pub stale: BTreeSet<String>,
+    /// When each instance's last command finished (the latest time seen then): a view
+    /// asked for before that shows the instance as it was before the command.
+    pub settled_at: BTreeMap<String, SystemTime>,
     /// Whether the last pass found the cluster ready.
     pub ready: Option<bool>,
     /// The primary: the only instance granted the lease. Status' `currentPrimary`.
