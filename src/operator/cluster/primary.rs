@@ -137,7 +137,12 @@ pub(super) fn supervise_primary(
     // it has every commit, and nothing else could be promoted meanwhile.
     if let Some(failover) = &state.failover
         && failover.target.is_none()
-        && failover.blocked.is_some()
+        // Blocked for want of a candidate, not merely waiting for the lease to end: a
+        // primary that keeps failing must not cancel its own failover each time.
+        && failover
+            .blocked
+            .as_deref()
+            .is_some_and(|b| !b.starts_with("waiting"))
         && view.as_ref().is_some_and(|v| {
             v.reachable && v.role == Some(RunningRole::Primary) && v.problem.is_none()
         })
