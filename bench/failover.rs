@@ -11,7 +11,9 @@
 //! manager restarts it in place; no failover expected), the primary's node stopped (a
 //! failover; the node is started again afterwards), and a switchover to a replica. Then
 //! a 3-instance `async` cluster with `BENCH_FAULTS` node stops. After every fault the
-//! cluster is back to Ready/3 with one primary before the next.
+//! cluster is back to Ready/3 with one primary before the next, and a kill waits until
+//! the server has run for 32 s: one killed sooner is restarted after a crash-loop
+//! back-off (0.5 s, 1 s, 2 s … 30 s), which is not what a single kill costs.
 //!
 //! What it measures, per fault: seconds from the fault being applied to the first
 //! commit acknowledged after the first write that failed — a commit that was already in
@@ -40,7 +42,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
@@ -50,7 +52,8 @@ use support::cluster::{
     wait_for,
 };
 use support::faults::{
-    Outage, Writer, addresses, missing_on, node, node_of, postmaster_pid, signal,
+    Outage, Writer, addresses, missing_on, node, node_of, postmaster_pid, postmaster_started,
+    signal,
 };
 use support::{TestNamespace, client, kubectl_ok};
 
@@ -58,6 +61,12 @@ use support::{TestNamespace, client, kubectl_ok};
 const OPERATOR: &str = "127.0.63.2:8080";
 /// Longest a fault may keep writes from working before the benchmark gives up.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The instance manager restarts a killed server at once only if it had run this long
+/// (`STABLE_RUN`, 30 s, in src/instance/mod.rs, and a second for the whole seconds of
+/// `postmaster.pid`); a server killed sooner is restarted after a back-off that doubles
+/// up to 30 s, as for a crash loop. Each kill waits for this much uptime, so that it is
+/// timed as a single kill, not as the next crash of a loop.
+const STABLE_UPTIME: Duration = Duration::from_secs(32);
 /// Longest the cluster may take to be Ready/3 again after a fault (the old primary's
 /// node restarted, its instance rewound and following the new primary).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(240);
@@ -295,6 +304,13 @@ impl Subject {
     async fn inject(&mut self, fault: Fault, tag: &str) -> (Sample, bool) {
         let primary = self.primary();
         // Found before the clock starts: kubectl takes a while.
+        if fault == Fault::KillPostgres {
+            let started = postmaster_started(&self.ns, &primary).expect("the primary's postmaster");
+            let uptime = SystemTime::now()
+                .duration_since(started)
+                .unwrap_or_default();
+            tokio::time::sleep(STABLE_UPTIME.saturating_sub(uptime)).await;
+        }
         let postmaster = (fault == Fault::KillPostgres)
             .then(|| postmaster_pid(&self.ns, &primary).expect("the primary's postmaster"));
         let node_name = (fault == Fault::StopNode).then(|| node_of(&self.ns, &primary));

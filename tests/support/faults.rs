@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection};
@@ -45,6 +45,20 @@ pub fn postmaster_pid(namespace: &str, pod: &str) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+/// When an instance's postmaster started, from `postmaster.pid` on its volume (its
+/// third line: seconds since the epoch).
+pub fn postmaster_started(namespace: &str, pod: &str) -> Option<SystemTime> {
+    let file = volume_path(namespace, pod).join("pgdata/postmaster.pid");
+    let seconds: u64 = std::fs::read_to_string(file)
+        .ok()?
+        .lines()
+        .nth(2)?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(seconds))
 }
 
 /// The parent of a process.
