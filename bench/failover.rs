@@ -450,6 +450,8 @@ fn save_events(ns: &str, name: &str) {
         "--field-selector",
         &format!("involvedObject.name={name}"),
         "--sort-by=.lastTimestamp",
+        "-o",
+        "wide",
     ]);
     let file = std::env::temp_dir().join(format!("{ns}-{name}-events.txt"));
     match std::fs::write(&file, events) {
