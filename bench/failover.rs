@@ -42,7 +42,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
@@ -321,6 +321,7 @@ impl Subject {
         self.writer.take_longest_gap();
 
         let before = Instant::now();
+        let wall = SystemTime::now();
         if let Some(pid) = postmaster {
             signal(pid, "KILL");
         }
@@ -373,9 +374,10 @@ impl Subject {
                 .collect(),
         };
         println!(
-            "  {tag} {}: {primary} → {new_primary}: fault command took {:.2} s, first failed \
+            "  {tag} {} {}: {primary} → {new_primary}: fault command took {:.2} s, first failed \
              write {:.2} s, write again {:.2} s (outage {:.2} s), lost {lost}, \
              longest write pause {:.2} s, later outages {:?}",
+            utc_time(wall),
             self.name,
             seconds(applied - before),
             seconds(first_failure - before),
@@ -449,9 +451,12 @@ fn save_events(ns: &str, name: &str) {
         ns,
         "--field-selector",
         &format!("involvedObject.name={name}"),
-        "--sort-by=.lastTimestamp",
+        "--sort-by=.eventTime",
+        // A repeated Event is one object with a count: its note is the first occurrence's,
+        // its times the first and the last.
         "-o",
-        "wide",
+        "custom-columns=FIRST:.eventTime,LAST:.series.lastObservedTime,COUNT:.series.count,\
+         TYPE:.type,REASON:.reason,NOTE:.message",
     ]);
     let file = std::env::temp_dir().join(format!("{ns}-{name}-events.txt"));
     match std::fs::write(&file, events) {
@@ -483,6 +488,19 @@ fn remove(ns: &str, name: &str) {
         },
         String::new,
     );
+}
+
+/// `HH:MM:SS.mmm` UTC, to find a sample among the Events and logs.
+fn utc_time(time: SystemTime) -> String {
+    let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let of_day = since_epoch.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60,
+        since_epoch.subsec_millis()
+    )
 }
 
 fn seconds(duration: Duration) -> f64 {
