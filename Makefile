@@ -23,7 +23,7 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel build up down crds check test bench bench-storage
+.PHONY: help deps controlplane otel build up down crds check test bench bench-storage bench-failover
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), Castellan's operator and agent,"
@@ -33,6 +33,7 @@ help:
 	@echo "make crds   regenerate crds/ from the Rust types"
 	@echo "make bench  DatabaseCluster benchmark (apply → Ready, operator memory) on its own cluster"
 	@echo "make bench-storage  time disk hotplug → BlockDevice → pool growth on the make up cluster"
+	@echo "make bench-failover  seconds until writes work again after a killed postgres, a lost node, a switchover; rows lost (sync/async) on its own cluster (BENCH_FAULTS, default 10)"
 
 deps:
 	@deploy/local/deps.sh
@@ -86,3 +87,9 @@ test: check controlplane otel
 # down its own local cluster, beside `make up` and `make test`.
 bench: controlplane
 	bench/clusters.sh
+
+# Built before the cluster comes up (a compile error costs no bring-up); the dev profile,
+# whose castellan binary the nodes run too.
+bench-failover: controlplane
+	cargo bench --profile dev -p castellan --bench failover --no-run
+	bench/local_cluster.sh cargo bench --profile dev -p castellan --bench failover

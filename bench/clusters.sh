@@ -5,17 +5,17 @@
 #
 #   bench/clusters.sh            (or `make bench`)
 #
-# It starts its own local cluster (state in .dev/bench, port base 56000, so it runs
-# beside `make up` and `make test`), runs the operator as a host process so that its
-# memory can be read from /proc (VmHWM: peak resident set; the release build), and
-# tears everything down
-# at the end. Environment: BENCH_SAMPLES (default 3) samples of each apply-to-Ready
-# figure; BENCH_CLUSTERS (default 10) clusters for the memory figure.
+# It starts its own local cluster (bench/local_cluster.sh: state in .dev/bench, port
+# base 56000, so it runs beside `make up` and `make test`), runs the operator as a host
+# process so that its memory can be read from /proc (VmHWM: peak resident set; the
+# release build), and tears everything down at the end. Environment: BENCH_SAMPLES
+# (default 3) samples of each apply-to-Ready figure; BENCH_CLUSTERS (default 10)
+# clusters for the memory figure.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export CASTELLAN_DEV_DIR="$repo/.dev/bench" CASTELLAN_PORT_BASE=56000
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/castellan/target}"
+# shellcheck source=bench/local_cluster.sh
+source "$repo/bench/local_cluster.sh"
 samples="${BENCH_SAMPLES:-3}"
 clusters="${BENCH_CLUSTERS:-10}"
 dev="$CASTELLAN_DEV_DIR"
@@ -31,14 +31,11 @@ cleanup() {
   if [[ -n "$operator_pid" && "$(readlink "/proc/$operator_pid/exe" 2>/dev/null)" == */castellan ]]; then
     kill "$operator_pid" 2>/dev/null || true
   fi
-  "$repo/deploy/local/nodes.sh" down >/dev/null 2>&1 || true
-  "$repo/deploy/local/cluster.sh" down >/dev/null 2>&1 || true
+  bench_cluster_down
 }
 trap cleanup EXIT
 
-"$repo/deploy/local/deps.sh"
-"$repo/deploy/local/cluster.sh" up
-"$repo/deploy/local/nodes.sh" up
+bench_cluster_up
 # The nodes run the debug build (the image map's); the measured operator is the
 # release build, as it would be deployed.
 (cd "$repo" && cargo build --quiet -p castellan && cargo build --quiet --release -p castellan) \

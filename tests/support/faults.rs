@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection};
@@ -45,6 +45,20 @@ pub fn postmaster_pid(namespace: &str, pod: &str) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+/// When an instance's postmaster started, from `postmaster.pid` on its volume (its
+/// third line: seconds since the epoch).
+pub fn postmaster_started(namespace: &str, pod: &str) -> Option<SystemTime> {
+    let file = volume_path(namespace, pod).join("pgdata/postmaster.pid");
+    let seconds: u64 = std::fs::read_to_string(file)
+        .ok()?
+        .lines()
+        .nth(2)?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(seconds))
 }
 
 /// The parent of a process.
@@ -94,13 +108,28 @@ pub fn node(action: &str, name: &str) {
         .map(PathBuf::from)
         .expect("the kubeconfig's directory");
     let port_base = std::env::var("CASTELLAN_PORT_BASE").unwrap_or_else(|_| "26000".into());
-    let status = Command::new(super::repo().join("deploy/local/nodes.sh"))
-        .args([action, name])
-        .env("CASTELLAN_DEV_DIR", &dev)
-        .env("CASTELLAN_PORT_BASE", port_base)
-        .status()
-        .expect("running nodes.sh");
-    assert!(status.success(), "nodes.sh {action} {name}");
+    let run = || {
+        Command::new(super::repo().join("deploy/local/nodes.sh"))
+            .args([action, name])
+            .env("CASTELLAN_DEV_DIR", &dev)
+            .env("CASTELLAN_PORT_BASE", &port_base)
+            .status()
+            .expect("running nodes.sh")
+            .success()
+    };
+    // `nodes.sh start` checks that the node process runs right after forking it, and on
+    // a loaded machine may look before the fork has become castellan-devnode (its
+    // /proc/PID/exe is still bash): it then reports "node-N exited" of a node that runs.
+    // Asked again, it finds the node running and waits for it to be Ready; a node that
+    // really exits fails every time.
+    let attempts = if action == "start" { 3 } else { 1 };
+    for attempt in 1..=attempts {
+        if run() {
+            return;
+        }
+        eprintln!("nodes.sh {action} {name} failed (attempt {attempt} of {attempts})");
+    }
+    panic!("nodes.sh {action} {name} failed");
 }
 
 /// The node an instance runs on.
@@ -117,7 +146,44 @@ struct Ledger {
     last_success: Option<Instant>,
     /// The longest time between two acknowledged commits since the last reset.
     longest_gap: Duration,
-    errors: u64,
+    /// When a write failed (an error or no answer), oldest first. Few: after a failure
+    /// the writer reconnects before it writes again, and a failed connect is no write.
+    failures: Vec<Instant>,
+    /// The first acknowledged commit after each run of failures, oldest first.
+    resumptions: Vec<Instant>,
+}
+
+/// A run of failed writes as the writer saw it, and its end.
+#[derive(Clone, Copy, Debug)]
+pub struct Outage {
+    /// When the first write of the run failed.
+    pub first_failure: Instant,
+    /// When the first commit after it was acknowledged: writes work again.
+    pub write_again: Instant,
+}
+
+impl Ledger {
+    /// Every run of failed writes that began after `since` and has ended, oldest first.
+    fn outages_after(&self, since: Instant) -> Vec<Outage> {
+        let mut outages = Vec::new();
+        let mut from = since;
+        while let Some(first_failure) = self.failures.iter().find(|at| **at > from).copied() {
+            let Some(write_again) = self
+                .resumptions
+                .iter()
+                .find(|at| **at > first_failure)
+                .copied()
+            else {
+                break;
+            };
+            outages.push(Outage {
+                first_failure,
+                write_again,
+            });
+            from = write_again;
+        }
+        outages
+    }
 }
 
 /// Writes rows `(id, value)` into `ledger` through `-rw` without pause, recording each
@@ -176,12 +242,19 @@ impl Writer {
                         if let Some(last) = ledger.last_success {
                             ledger.longest_gap = ledger.longest_gap.max(now - last);
                         }
+                        let failed_last = ledger
+                            .failures
+                            .last()
+                            .is_some_and(|failure| ledger.last_success < Some(*failure));
+                        if failed_last {
+                            ledger.resumptions.push(now);
+                        }
                         ledger.last_success = Some(now);
                         ledger.acknowledged.insert(id);
                     }
                     _ => {
                         // Unknown outcome (an error or no answer): not acknowledged.
-                        shared.lock().expect("ledger").errors += 1;
+                        shared.lock().expect("ledger").failures.push(Instant::now());
                         connection = None;
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
@@ -216,6 +289,52 @@ impl Writer {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Waits until a write fails after `since` and a commit is acknowledged after that
+    /// failure: the first outage after `since`. `since` is taken before the fault is
+    /// applied: a command that applies one (stopping a node) may break the writer's
+    /// connection before it returns. Unlike `wait_for_write_after`, a commit acknowledged
+    /// between the fault and the first failure does not count as writes working again:
+    /// it was in flight, or sent before the server noticed the fault. Panics when no
+    /// write fails, or none succeeds again, within `timeout`.
+    pub async fn wait_for_recovery_after(&self, since: Instant, timeout: Duration) -> Outage {
+        let deadline = since + timeout;
+        loop {
+            {
+                let ledger = self.ledger.lock().expect("ledger");
+                if let Some(outage) = ledger.outages_after(since).first() {
+                    return *outage;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "a write through -rw fails after the fault and succeeds again within \
+                     {timeout:?} (first failure after it: {:?})",
+                    ledger
+                        .failures
+                        .iter()
+                        .find(|at| **at > since)
+                        .map(|at| *at - since)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The outages that began after `since` and have ended: for instance a second one
+    /// after writes had already recovered from a fault.
+    pub fn outages_after(&self, since: Instant) -> Vec<Outage> {
+        self.ledger.lock().expect("ledger").outages_after(since)
+    }
+
+    /// Whether a write failed after `since`.
+    pub fn failed_after(&self, since: Instant) -> bool {
+        self.ledger
+            .lock()
+            .expect("ledger")
+            .failures
+            .last()
+            .is_some_and(|at| *at > since)
     }
 }
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The benchmarks' own local cluster: control plane and 3 process-backed nodes with their
+# state in .dev/bench and port base 56000, so that a benchmark runs beside `make up`
+# (16000) and `make test` (26000) and neither measures nor disturbs their clusters.
+#
+#   bench/local_cluster.sh COMMAND...   bring it up, run COMMAND against it, tear it
+#                                       down whatever COMMAND's outcome; exit as COMMAND
+#   source bench/local_cluster.sh       in a benchmark script that does more around the
+#                                       cluster (bench/clusters.sh): bench_cluster_up,
+#                                       and bench_cluster_down from its own EXIT trap
+#
+# Either way CASTELLAN_DEV_DIR, CASTELLAN_PORT_BASE (what deploy/local/*.sh and
+# tests/support read) and CASTELLAN_KUBECONFIG are exported for the cluster.
+
+bench_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export CASTELLAN_DEV_DIR="$bench_repo/.dev/bench" CASTELLAN_PORT_BASE=56000
+export CASTELLAN_KUBECONFIG="$CASTELLAN_DEV_DIR/kubeconfig"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/castellan/target}"
+
+bench_cluster_down() {
+  "$bench_repo/deploy/local/nodes.sh" down >/dev/null 2>&1 || true
+  "$bench_repo/deploy/local/cluster.sh" down >/dev/null 2>&1 || true
+}
+
+# A previous run that was killed before its teardown leaves its cluster behind: start
+# from nothing, or the benchmark would measure a cluster in an unknown state.
+bench_cluster_up() {
+  bench_cluster_down
+  "$bench_repo/deploy/local/deps.sh"
+  "$bench_repo/deploy/local/cluster.sh" up
+  "$bench_repo/deploy/local/nodes.sh" up
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  set -euo pipefail
+  [[ $# -gt 0 ]] || { echo "usage: $0 COMMAND..." >&2; exit 2; }
+  trap bench_cluster_down EXIT
+  bench_cluster_up
+  "$@"
+fi
