@@ -139,10 +139,7 @@ pub(super) fn supervise_primary(
         && failover.target.is_none()
         // Blocked for want of a candidate, not merely waiting for the lease to end: a
         // primary that keeps failing must not cancel its own failover each time.
-        && failover
-            .blocked
-            .as_deref()
-            .is_some_and(|b| !b.starts_with("waiting"))
+        && matches!(failover.blocked, Some(Waiting::ForCandidate(_)))
         && view.as_ref().is_some_and(|v| {
             v.reachable && v.role == Some(RunningRole::Primary) && v.problem.is_none()
         })
@@ -203,12 +200,12 @@ pub(super) fn promote_when_safe(
     }
     let began = state.began.unwrap_or(now);
     let choice = match failover::leases_may_run(now, state.leased_until, began) {
-        Some(until) => Choice::Wait(format!(
+        Some(until) => Err(Waiting::ForLease(format!(
             "waiting {:.1}s more for the lease of {} to end, so that it has stopped taking \
              writes before another instance is promoted",
             until.duration_since(now).unwrap_or_default().as_secs_f64(),
             failover.from
-        )),
+        ))),
         None => {
             let candidates: Vec<&InstanceView> = state
                 .views
@@ -216,27 +213,31 @@ pub(super) fn promote_when_safe(
                 .filter(|(name, _)| **name != failover.from && state.members.contains_key(*name))
                 .map(|(_, view)| view)
                 .collect();
-            failover::choose(
+            match failover::choose(
                 &candidates,
                 state.quorum.as_ref(),
                 durability_required(cluster),
-            )
+            ) {
+                Choice::Promote { instance, lsn } => Ok((instance, lsn)),
+                Choice::Wait(reason) => Err(Waiting::ForCandidate(reason)),
+            }
         }
     };
     match choice {
-        Choice::Wait(reason) => {
-            let lease_wait = reason.starts_with("waiting");
-            if !lease_wait && failover.blocked.as_deref() != Some(reason.as_str()) {
+        Err(waiting) => {
+            if matches!(waiting, Waiting::ForCandidate(_))
+                && failover.blocked.as_ref() != Some(&waiting)
+            {
                 effects.push(ClusterEffect::Record(Note::warning(
                     "FailoverBlocked",
-                    reason.clone(),
+                    waiting.message().to_owned(),
                 )));
             }
             if let Some(f) = state.failover.as_mut() {
-                f.blocked = Some(reason);
+                f.blocked = Some(waiting);
             }
         }
-        Choice::Promote { instance, lsn } => {
+        Ok((instance, lsn)) => {
             effects.push(ClusterEffect::Record(
                 Note::normal(
                     "Promoting",
@@ -376,15 +377,17 @@ pub(super) fn primary_assessment(state: &ClusterState) -> Assessment {
         let message = match (&failover.target, &failover.blocked) {
             (Some(target), _) => format!("failing over from {}: promoting {target}", failover.from),
             (None, Some(blocked)) => format!(
-                "failing over from {} ({}): {blocked}",
-                failover.from, failover.reason
+                "failing over from {} ({}): {}",
+                failover.from,
+                failover.reason,
+                blocked.message()
             ),
             (None, None) => format!("failing over from {}: {}", failover.from, failover.reason),
         };
         let reason = if failover
             .blocked
-            .as_deref()
-            .is_some_and(|b| !b.starts_with("waiting"))
+            .as_ref()
+            .is_some_and(|b| matches!(b, Waiting::ForCandidate(_)))
         {
             "FailoverBlocked"
         } else {
@@ -537,7 +540,7 @@ mod tests {
         assert_eq!(notes(&effects), vec!["FailingOver"]);
         assert!(commands(&effects).is_empty());
         let blocked = state.failover.as_ref().and_then(|f| f.blocked.clone());
-        assert!(blocked.is_some_and(|b| b.contains("lease")));
+        assert!(matches!(blocked, Some(Waiting::ForLease(ref b)) if b.contains("lease")));
         let (_, effects) = step(
             state,
             ClusterEvent::Observed(at_lsn(view("db-2", &[]), 21, "0/5000000")),

@@ -109,7 +109,24 @@ pub struct Failover {
     /// The instance being promoted, once chosen.
     pub target: Option<String>,
     /// Why nothing can be promoted yet.
-    pub blocked: Option<String>,
+    pub blocked: Option<Waiting>,
+}
+
+/// Why a failover has not promoted anyone yet.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Waiting {
+    /// The old primary's lease may still run: a matter of seconds, by design.
+    ForLease(String),
+    /// No replica can be shown safe to promote: the cluster is blocked until one can.
+    ForCandidate(String),
+}
+
+impl Waiting {
+    pub fn message(&self) -> &str {
+        match self {
+            Waiting::ForLease(message) | Waiting::ForCandidate(message) => message,
+        }
+    }
 }
 
 /// A Kubernetes Event to record on the cluster.
