@@ -48,12 +48,11 @@ use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, describe, jsonpath, phase_and_ready, secret_value,
-    wait_for,
+    LocalVolumes, Operator, apply_cluster, describe, instance_addresses, jsonpath, phase_and_ready,
+    secret_value, wait_for,
 };
 use support::faults::{
-    Outage, Writer, addresses, missing_on, node, node_of, postmaster_pid, postmaster_started,
-    signal,
+    Outage, Writer, missing_on, node, node_of, postmaster_pid, postmaster_started, signal,
 };
 use support::{TestNamespace, client, kubectl_ok};
 
@@ -156,7 +155,7 @@ impl Subject {
 
     fn replica(&self) -> String {
         let primary = self.primary();
-        addresses(&self.ns, &self.name)
+        instance_addresses(&self.ns, &self.name)
             .into_iter()
             .map(|(pod, _)| pod)
             .find(|pod| *pod != primary)
@@ -222,7 +221,7 @@ impl Subject {
     /// operator's rolling restart would apply — with an outage if it is the primary's.
     /// None when an instance cannot be asked.
     async fn pending_restart(&self) -> Option<bool> {
-        for (_, host) in addresses(&self.ns, &self.name) {
+        for (_, host) in instance_addresses(&self.ns, &self.name) {
             let options = PgConnectOptions::new()
                 .host(&host)
                 .port(5432)
@@ -274,7 +273,7 @@ impl Subject {
     /// Acknowledged rows since the last check that the current primary lacks.
     async fn lost_on_primary(&mut self) -> usize {
         let primary = self.primary();
-        let address = addresses(&self.ns, &self.name)
+        let address = instance_addresses(&self.ns, &self.name)
             .into_iter()
             .find(|(pod, _)| *pod == primary)
             .map(|(_, ip)| ip)

@@ -14,10 +14,12 @@ mod support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use support::cluster::{LocalVolumes, Operator, apply_cluster, describe, jsonpath, wait_for};
+use support::cluster::{
+    LocalVolumes, Operator, apply_cluster, describe, instance_addresses, jsonpath, wait_for,
+};
 use support::faults::{
-    Writer, addresses, instance_manager_pid, instance_processes, missing_on, node, node_of,
-    postmaster_pid, reported_roles, signal,
+    Writer, instance_manager_pid, instance_processes, missing_on, node, node_of, postmaster_pid,
+    reported_roles, signal,
 };
 use support::{TestNamespace, client, kubectl_ok};
 
@@ -63,7 +65,7 @@ impl Suite {
 
     fn replica(&self) -> String {
         let primary = self.primary();
-        addresses(&self.ns, CLUSTER)
+        instance_addresses(&self.ns, CLUSTER)
             .into_iter()
             .map(|(pod, _)| pod)
             .find(|pod| *pod != primary)
@@ -96,7 +98,7 @@ impl Suite {
         );
         let acknowledged = self.writer.acknowledged();
         assert!(!acknowledged.is_empty(), "the writer got commits through");
-        for (pod, ip) in addresses(&self.ns, CLUSTER) {
+        for (pod, ip) in instance_addresses(&self.ns, CLUSTER) {
             let missing = missing_on(
                 &self.ns,
                 CLUSTER,
@@ -152,7 +154,7 @@ impl Suite {
             }
             Fault::StopPrimaryNode => {
                 let node_name = node_of(&self.ns, &primary);
-                let sharing = addresses(&self.ns, CLUSTER)
+                let sharing = instance_addresses(&self.ns, CLUSTER)
                     .into_iter()
                     .filter(|(pod, _)| *pod != primary && node_of(&self.ns, pod) == node_name)
                     .count();
@@ -304,7 +306,7 @@ async fn no_acknowledged_write_is_lost_through_faults() {
     // node first, so the drain is not stopped by the primary's PodDisruptionBudget.
     let primary = suite.primary();
     let node_name = node_of(&ns, &primary);
-    let alone = addresses(&ns, CLUSTER)
+    let alone = instance_addresses(&ns, CLUSTER)
         .into_iter()
         .all(|(pod, _)| pod == primary || node_of(&ns, &pod) != node_name);
     kubectl_ok(&["cordon", &node_name]);

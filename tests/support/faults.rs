@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection};
 
-use super::cluster::{instance_addresses, jsonpath, secret_value};
+use super::cluster::{jsonpath, secret_value};
 use super::{kubeconfig_path, kubectl_ok};
 
 /// Sends `signal` (a name such as `KILL`) to `pid`.
@@ -405,9 +405,4 @@ pub fn reported_roles(namespace: &str, cluster: &str) -> Vec<(String, String)> {
         Some((name.to_owned(), role.to_owned()))
     })
     .collect()
-}
-
-/// The pod IP of every instance.
-pub fn addresses(namespace: &str, cluster: &str) -> Vec<(String, String)> {
-    instance_addresses(namespace, cluster)
 }

@@ -247,9 +247,9 @@ fn record_outcome(
         (Command::Fence(false), Ok(_)) => {
             Note::normal("Unfenced", format!("{instance} is no longer fenced"))
         }
-        (Command::Promote(_), Ok(_)) => {
-            Note::normal("Promoted", format!("{instance} was promoted"))
-        }
+        // A promotion's outcome is the failover's or the switchover's to report
+        // (`FailedOver`, `SwitchedOver`); it never comes here.
+        (Command::Promote(_), Ok(_)) => return,
         (command, Err(error)) => Note::warning(
             "CommandFailed",
             format!("{} of {instance} failed: {error}", command.name()),
