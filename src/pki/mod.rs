@@ -188,6 +188,14 @@ pub fn dns_names(der: &CertificateDer<'_>) -> Result<Vec<String>, PkiError> {
     Ok(names)
 }
 
+/// A certificate's subject: Castellan's organisation and `common_name`.
+fn subject(common_name: &str) -> DistinguishedName {
+    let mut name = DistinguishedName::new();
+    name.push(DnType::OrganizationName, "castellan.io");
+    name.push(DnType::CommonName, common_name);
+    name
+}
+
 impl Authority {
     /// A new CA, valid from now for [`CA_VALIDITY`].
     pub fn generate(now: SystemTime) -> Result<Self, PkiError> {
@@ -197,13 +205,7 @@ impl Authority {
         };
         let key = KeyPair::generate().map_err(issuing)?;
         let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "castellan.io");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "Castellan CA");
+        params.distinguished_name = subject("Castellan CA");
         // No intermediates below it: everything it signs is an end entity.
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.key_usages = vec![
@@ -273,13 +275,7 @@ impl Authority {
         };
         let key = KeyPair::generate().map_err(issuing)?;
         let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "castellan.io");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
+        params.distinguished_name = subject(common_name);
         params.subject_alt_names = vec![SanType::DnsName(
             dns_name.to_owned().try_into().map_err(issuing)?,
         )];
