@@ -395,7 +395,14 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                     .or_else(|| pod.labels().get(ROLE_LABEL).cloned()),
                 fenced: view.is_some_and(|v| v.fenced),
                 timeline: view.and_then(|v| v.timeline),
-                ready: pod_ready(pod),
+                // A lost node's pods stay Ready in the API for the node controller's
+                // grace period; the instance's own view says at once that it is not.
+                ready: pod_ready(pod)
+                    && order
+                        .views
+                        .iter()
+                        .find(|v| v.name == pod_name)
+                        .is_none_or(|v| v.ready),
                 lsn: view.and_then(|v| v.lsn).map(|lsn| lsn.to_string()),
                 lag_seconds: view.and_then(|v| v.lag_seconds),
                 lag_bytes: primary_view.and_then(|p| {
