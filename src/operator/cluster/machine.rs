@@ -168,12 +168,15 @@ impl StateMachine for ClusterMachine {
                 instance,
                 command,
                 outcome,
+                at,
             } => {
                 state.commands.remove(&instance);
                 state.stale.insert(instance.clone());
-                if let Some(now) = state.now {
-                    state.settled_at.insert(instance.clone(), now);
-                }
+                // Views are dated from when they were asked for: any asked for before
+                // the answer came may predate the command's effect.
+                state
+                    .settled_at
+                    .insert(instance.clone(), state.now.map_or(at, |now| now.max(at)));
                 let before = roles(&state);
                 if state.switchover.is_some()
                     && matches!(command, Command::Promote(_) | Command::Demote)
@@ -782,6 +785,7 @@ mod tests {
                 instance: "db-2".into(),
                 command: Command::Restart,
                 outcome: Ok(json!({"restarted": true})),
+                at: at(0),
             },
         );
         assert_eq!(notes(&effects), vec!["Restarted"]);
@@ -794,6 +798,7 @@ mod tests {
                 instance: "db-3".into(),
                 command: Command::Restart,
                 outcome: Ok(Value::Null),
+                at: at(0),
             },
         );
         let (state, effects) = step(state, ClusterEvent::Observed(view("db-3", &params)));
@@ -804,6 +809,7 @@ mod tests {
                 instance: "db-1".into(),
                 command: Command::Restart,
                 outcome: Ok(Value::Null),
+                at: at(0),
             },
         );
         let done = InstanceView {
@@ -839,6 +845,7 @@ mod tests {
                 instance: "db-1".into(),
                 command: Command::Restart,
                 outcome: Err("no answer".into()),
+                at: at(0),
             },
         );
         assert_eq!(notes(&effects), vec!["CommandFailed"]);

@@ -87,6 +87,15 @@ pub(super) fn supervise_primary(
     };
     let fenced = fenced_instances(&cluster, &state.members);
     let view = state.views.get(&primary).cloned();
+    // A view of the primary asked for before its last command finished (its promotion,
+    // say) shows it as it was, a replica: no failover is decided on it.
+    if observed == primary
+        && view
+            .as_ref()
+            .is_some_and(|v| state.settled_at.get(&primary).is_some_and(|at| v.at <= *at))
+    {
+        return;
+    }
 
     // The primary's view: renew its lease (while it is the primary and no failover
     // replaces it), remember its quorum, and note since when it does not serve.
@@ -514,6 +523,7 @@ mod tests {
                 instance: "db-3".into(),
                 command: promoted[0].1.clone(),
                 outcome: Ok(json!({"changed": true})),
+                at: at(0),
             },
         );
         assert_eq!(state.primary.as_deref(), Some("db-3"));
@@ -525,6 +535,24 @@ mod tests {
             order.primary_condition.status
                 || order.primary_condition.reason == "PrimaryUnavailable"
         );
+        // A view of db-3 asked for before its promotion finished still shows a
+        // replica: no failover is decided on it.
+        let before = InstanceView {
+            at: at(6),
+            ..state.views["db-3"].clone()
+        };
+        let (state, effects) = step(idle(state), ClusterEvent::Observed(before));
+        assert!(state.failover.is_none(), "{effects:?}");
+        assert!(!notes(&effects).contains(&"FailingOver"));
+        // One asked for afterwards is believed: a primary that runs as a replica is
+        // failed over at once.
+        let after = InstanceView {
+            at: at(9),
+            ..state.views["db-3"].clone()
+        };
+        let (state, effects) = step(idle(state), ClusterEvent::Observed(after));
+        assert!(notes(&effects).contains(&"FailingOver"), "{effects:?}");
+        assert_eq!(state.failover.map(|f| f.from).as_deref(), Some("db-3"));
     }
 
     #[test]
@@ -626,6 +654,7 @@ mod tests {
                 instance: "db-3".into(),
                 command: promote,
                 outcome: Err("timed out".into()),
+                at: at(0),
             },
         );
         assert_eq!(notes(&effects), vec!["PromotionFailed"]);

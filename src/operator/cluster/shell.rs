@@ -169,6 +169,7 @@ impl Effects<ClusterMachine> for ClusterEffects {
                                 outcome: Err(format!("the actor of {instance} is not running")),
                                 instance,
                                 command,
+                                at: std::time::SystemTime::now(),
                             },
                             cause,
                         }),

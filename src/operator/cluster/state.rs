@@ -217,11 +217,13 @@ pub enum ClusterEvent {
     Converged(Result<Converged, String>),
     /// From a `ReplicaActor`: its instance's latest view.
     Observed(InstanceView),
-    /// From a `ReplicaActor`: a command finished.
+    /// From a `ReplicaActor`: a command finished, its answer received `at` (a view
+    /// asked for before then may show the instance as it was before the command).
     Finished {
         instance: String,
         command: Command,
         outcome: Result<Value, String>,
+        at: SystemTime,
     },
     /// The retry timer after a failed pass fired.
     Retry,

@@ -267,6 +267,7 @@ mod tests {
                 instance: "db-1".into(),
                 command: Command::Demote,
                 outcome: Ok(json!({"fenced": false, "checkpointLsn": "0/7000028"})),
+                at: at(0),
             },
         );
         assert!(commands(&effects).is_empty(), "db-2 is at 0/3000000");
@@ -282,6 +283,7 @@ mod tests {
                 instance: "db-2".into(),
                 command: promoted[0].1.clone(),
                 outcome: Ok(json!({"changed": true})),
+                at: at(0),
             },
         );
         assert_eq!(state.primary.as_deref(), Some("db-2"));
@@ -323,6 +325,7 @@ mod tests {
                 instance: "db-1".into(),
                 command: Command::Demote,
                 outcome: Ok(json!({"checkpointLsn": "0/9000000"})),
+                at: at(0),
             },
         );
         let late = 2 + SWITCHOVER_CATCH_UP.as_secs();

@@ -215,8 +215,11 @@ pub enum ReplicaEvent {
     Grant(LeaseGrant),
     /// From the cluster: run a command (queued behind a running one).
     Run(Command),
-    /// A command finished.
-    Ran(Result<Value, String>),
+    /// A command finished, its answer received `at`.
+    Ran {
+        outcome: Result<Value, String>,
+        at: SystemTime,
+    },
 }
 
 #[derive(Debug, PartialEq)]
@@ -228,10 +231,11 @@ pub enum ReplicaEffect {
     Call(String, Command),
     /// Tell the cluster what the instance looks like now.
     Report(InstanceView),
-    /// Tell the cluster how a command ended.
+    /// Tell the cluster how a command ended, and when.
     Finished {
         command: Command,
         outcome: Result<Value, String>,
+        at: SystemTime,
     },
     /// Deliver `Poll` after the delay.
     PollAfter(Duration),
@@ -256,7 +260,7 @@ impl StateMachine for ReplicaMachine {
             } => format!("PollFailed({error})"),
             ReplicaEvent::Run(command) => format!("Run({})", command.name()),
             ReplicaEvent::Grant(_) => "Grant".into(),
-            ReplicaEvent::Ran(outcome) => format!("Ran(ok: {})", outcome.is_ok()),
+            ReplicaEvent::Ran { outcome, .. } => format!("Ran(ok: {})", outcome.is_ok()),
         }
     }
 
@@ -319,9 +323,13 @@ impl StateMachine for ReplicaMachine {
                     effects.push(ReplicaEffect::Lease(address, grant));
                 }
             }
-            ReplicaEvent::Ran(outcome) => {
+            ReplicaEvent::Ran { outcome, at } => {
                 if let Some(command) = state.running.take() {
-                    effects.push(ReplicaEffect::Finished { command, outcome });
+                    effects.push(ReplicaEffect::Finished {
+                        command,
+                        outcome,
+                        at,
+                    });
                 }
                 start_next(&mut state, &mut effects);
             }
@@ -367,6 +375,13 @@ mod tests {
 
     fn step(state: ReplicaState, event: ReplicaEvent) -> (ReplicaState, Vec<ReplicaEffect>) {
         ReplicaMachine::transition(state, event)
+    }
+
+    fn ran(outcome: Result<Value, String>) -> ReplicaEvent {
+        ReplicaEvent::Ran {
+            outcome,
+            at: SystemTime::UNIX_EPOCH,
+        }
     }
 
     fn tracked() -> ReplicaState {
@@ -549,13 +564,14 @@ mod tests {
         assert!(effects.is_empty());
         let (state, _) = step(state, ReplicaEvent::Run(reload()));
         assert_eq!(state.queued, VecDeque::from([Command::Restart]));
-        let (state, effects) = step(state, ReplicaEvent::Ran(Ok(json!({"reloaded": true}))));
+        let (state, effects) = step(state, ran(Ok(json!({"reloaded": true}))));
         assert_eq!(
             effects,
             vec![
                 ReplicaEffect::Finished {
                     command: reload(),
-                    outcome: Ok(json!({"reloaded": true}))
+                    outcome: Ok(json!({"reloaded": true})),
+                    at: SystemTime::UNIX_EPOCH,
                 },
                 ReplicaEffect::Call("127.0.0.9:8000".into(), Command::Restart),
             ]
@@ -566,12 +582,13 @@ mod tests {
     #[test]
     fn a_failed_command_is_reported_with_its_reason() {
         let (state, _) = step(tracked(), ReplicaEvent::Run(Command::Restart));
-        let (state, effects) = step(state, ReplicaEvent::Ran(Err("timed out".into())));
+        let (state, effects) = step(state, ran(Err("timed out".into())));
         assert_eq!(
             effects,
             vec![ReplicaEffect::Finished {
                 command: Command::Restart,
-                outcome: Err("timed out".into())
+                outcome: Err("timed out".into()),
+                at: SystemTime::UNIX_EPOCH,
             }]
         );
         assert_eq!(state.running, None);
@@ -579,7 +596,7 @@ mod tests {
 
     #[test]
     fn a_late_outcome_without_a_running_command_changes_nothing() {
-        let (state, effects) = step(tracked(), ReplicaEvent::Ran(Ok(Value::Null)));
+        let (state, effects) = step(tracked(), ran(Ok(Value::Null)));
         assert!(effects.is_empty());
         assert_eq!(state, tracked());
     }

@@ -135,9 +135,10 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                                 post("/fence", json!(FenceRequest { fenced: *fenced })).await
                             }
                         };
-                        events.do_send(Event::new(ReplicaEvent::Ran(
-                            outcome.map_err(|e| e.to_string()),
-                        )));
+                        events.do_send(Event::new(ReplicaEvent::Ran {
+                            outcome: outcome.map_err(|e| e.to_string()),
+                            at: SystemTime::now(),
+                        }));
                     }
                     .instrument(span),
                 );
@@ -146,11 +147,16 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                 self.cluster
                     .do_send(Event::new(ClusterEvent::Observed(view)));
             }
-            ReplicaEffect::Finished { command, outcome } => {
+            ReplicaEffect::Finished {
+                command,
+                outcome,
+                at,
+            } => {
                 self.cluster.do_send(Event::new(ClusterEvent::Finished {
                     instance: self.instance.clone(),
                     command,
                     outcome,
+                    at,
                 }));
             }
             ReplicaEffect::PollAfter(delay) => {
