@@ -188,13 +188,17 @@ pub struct LeaseResponse {
 
 /// `POST /promote`: become primary, holding `lease`, with a slot for each of `slots`
 /// (the instances that will follow it: slots are not replicated, so a promoted
-/// replica has none).
+/// replica has none), and with `synchronous_standby_names` in force from its first
+/// commit (a replica runs without one; promoted without it, its first commits would
+/// be acknowledged by no standby until the operator's next reload).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PromoteRequest {
     pub lease: LeaseGrant,
     #[serde(default)]
     pub slots: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous_standby_names: Option<String>,
 }
 
 /// `POST /promote`'s answer.

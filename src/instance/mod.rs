@@ -600,10 +600,23 @@ impl Supervisor {
         if self.shared.renew(&request.lease).is_none() {
             return Err("the lease in the promotion request had already ended".to_owned());
         }
-        let changed = match self.role {
+        let changed = match self.role.clone() {
             Some(Role::Primary) => false,
-            Some(Role::Replica(_)) if self.postmaster.is_some() => {
-                tracing::info!("promoting to primary");
+            Some(replica @ Role::Replica(_)) if self.postmaster.is_some() => {
+                if let Some(names) = request.synchronous_standby_names {
+                    // In force before the first commit as a primary: a standby reads
+                    // the setting too (it only has no effect there until promotion).
+                    self.sync_names = names;
+                    self.instance
+                        .write_config(&replica, &self.parameters, &self.sync_names)
+                        .await
+                        .map_err(|e| format!("writing the quorum before promotion: {e}"))?;
+                    database::reload(&self.pool)
+                        .await
+                        .map_err(|e| format!("loading the quorum before promotion: {e}"))?;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                tracing::info!(synchronous_standby_names = %self.sync_names, "promoting to primary");
                 match database::promote(&self.pool).await {
                     Ok(true) => {}
                     Ok(false) => return Err("the promotion did not finish within 60s".to_owned()),

@@ -183,7 +183,7 @@ impl StateMachine for ClusterMachine {
                 {
                     switchover_step_done(&mut state, &mut effects, &instance, &command, outcome);
                 } else if let Command::Promote(_) = &command {
-                    finish_promotion(&mut state, &mut effects, &instance, &outcome);
+                    finish_promotion(&mut state, &mut effects, &instance, &command, &outcome);
                 } else {
                     record_outcome(&mut effects, &instance, &command, outcome);
                 }

@@ -271,6 +271,7 @@ pub(super) fn finish_promotion(
     state: &mut ClusterState,
     effects: &mut Vec<ClusterEffect>,
     instance: &str,
+    command: &Command,
     outcome: &Result<Value, String>,
 ) {
     match outcome {
@@ -296,7 +297,8 @@ pub(super) fn finish_promotion(
             ));
             state.primary = Some(instance.to_owned());
             state.unavailable_since = None;
-            state.quorum = None;
+            // Until the new primary reports its own, the quorum it was promoted with.
+            state.quorum = promoted_quorum(command);
         }
         Err(error) => {
             effects.push(ClusterEffect::Record(
@@ -617,11 +619,38 @@ mod tests {
         );
         assert_eq!(primary_assessment(&state).reason, "FailoverBlocked");
         // db-3 answers again: both seen, the most advanced is promoted.
-        let (_, effects) = step(
+        let (state, effects) = step(
             state,
             ClusterEvent::Observed(at_lsn(view("db-3", &[]), 8, "0/6000000")),
         );
-        assert!(matches!(&commands(&effects)[..], [(name, Command::Promote(_))] if name == "db-3"));
+        let promoted = commands(&effects);
+        let [(name, Command::Promote(request))] = &promoted[..] else {
+            panic!("db-3 promoted: {promoted:?}");
+        };
+        assert_eq!(name, "db-3");
+        // Its first commit already waits for the others: the quorum comes with the
+        // promotion, and is the one the next failover must satisfy.
+        assert_eq!(
+            request.synchronous_standby_names.as_deref(),
+            Some("ANY 1 (\"db-1\", \"db-2\")")
+        );
+        let command = promoted[0].1.clone();
+        let (state, _) = step(
+            idle(state),
+            ClusterEvent::Finished {
+                instance: "db-3".into(),
+                command,
+                outcome: Ok(json!({"changed": true})),
+                at: at(9),
+            },
+        );
+        assert_eq!(state.primary.as_deref(), Some("db-3"));
+        let quorum = state.quorum.expect("the promoted quorum");
+        assert_eq!(quorum.count, 1);
+        assert_eq!(
+            quorum.standbys.into_iter().collect::<Vec<_>>(),
+            vec!["db-1".to_owned(), "db-2".to_owned()]
+        );
     }
 
     #[test]
@@ -641,7 +670,9 @@ mod tests {
             state,
             ClusterEvent::Observed(at_lsn(view("db-2", &[]), 7, "0/5000000")),
         );
-        assert!(matches!(&commands(&effects)[..], [(name, Command::Promote(_))] if name == "db-2"));
+        assert!(matches!(&commands(&effects)[..],
+            [(name, Command::Promote(request))]
+                if name == "db-2" && request.synchronous_standby_names.is_none()));
     }
 
     #[test]

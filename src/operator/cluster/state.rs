@@ -290,21 +290,48 @@ pub enum SwitchoverStage {
     Promoting,
 }
 
+/// The quorum a promotion put in force, if it named one.
+pub fn promoted_quorum(command: &Command) -> Option<Quorum> {
+    match command {
+        Command::Promote(request) => request
+            .synchronous_standby_names
+            .as_deref()
+            .and_then(Quorum::parse),
+        _ => None,
+    }
+}
+
 impl ClusterState {
     /// Sends `instance` the promotion: its first lease from `now` (recorded, so no other
-    /// promotion happens before it ends), and a slot for every other member to follow it.
+    /// promotion happens before it ends), a slot for every other member to follow it,
+    /// and, when acknowledged commits must not be lost, the quorum of the other
+    /// instances that stay, in force from its first commit.
     pub fn promote(&mut self, effects: &mut Vec<ClusterEffect>, instance: &str, now: SystemTime) {
         let grant = LeaseGrant::starting(now, super::failover::LEASE_DURATION);
         self.leased_until = self.leased_until.max(Some(grant.valid_until()));
-        let slots = self
+        let slots: Vec<String> = self
             .members
             .keys()
             .filter(|name| name.as_str() != instance)
             .cloned()
             .collect();
+        let synchronous_standby_names = self
+            .cluster
+            .as_deref()
+            .filter(|cluster| super::quorum::durability_required(cluster))
+            .map(|cluster| {
+                let desired = desired_count(cluster);
+                let staying: Vec<String> = slots
+                    .iter()
+                    .filter(|name| self.members.get(*name).is_some_and(|m| m.number <= desired))
+                    .cloned()
+                    .collect();
+                crate::operator::build::synchronous_standby_names(cluster, &staying)
+            });
         let command = Command::Promote(PromoteRequest {
             lease: grant,
             slots,
+            synchronous_standby_names,
         });
         self.commands.insert(instance.to_owned(), command.clone());
         effects.push(ClusterEffect::Command {

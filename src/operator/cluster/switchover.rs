@@ -213,7 +213,7 @@ pub(super) fn switchover_step_done(
             state.primary = Some(switchover.to);
             state.switchover = None;
             state.unavailable_since = None;
-            state.quorum = None;
+            state.quorum = promoted_quorum(command);
             effects.push(ClusterEffect::ClearSwitchover);
         }
         (Command::Promote(_), Err(error)) => {
