@@ -1013,3 +1013,107 @@ async fn only_the_operator_may_call_the_instance_api() {
     assert_eq!(code, 200, "the operator may promote: {promoted}");
     assert_eq!(promoted["changed"], true);
 }
+
+/// Two replicas promoted each on its own from the same primary both move to timeline 2
+/// (neither sees the other's). pg_rewind compares only timeline numbers and would call
+/// the loser "no rewind required", leaving it diverged and streaming nothing; the
+/// instance manager sees the fork and copies the current primary afresh instead.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_former_primary_forked_on_the_same_timeline_is_copied_afresh() {
+    let scratch = Scratch::new("fork");
+    let mut first = Instance::start(&scratch, "fk-1", "127.0.54.1", None);
+    let first_lease = first.keep_lease();
+    first.wait_ready(Duration::from_secs(60));
+    let mut app = connect("127.0.54.1", "shop", APP_PASSWORD, "shop").await;
+    sqlx::raw_sql("create table orders (id int primary key, item text); insert into orders values (1, 'before')")
+        .execute(&mut app)
+        .await
+        .expect("writing");
+    drop(app);
+    let winner = Instance::start(&scratch, "fk-2", "127.0.54.2", Some("127.0.54.1"));
+    let mut loser = Instance::start(&scratch, "fk-3", "127.0.54.3", Some("127.0.54.1"));
+    winner.wait_ready(Duration::from_secs(60));
+    loser.wait_ready(Duration::from_secs(60));
+    drop(first_lease);
+    assert!(first.terminate().success(), "{}", first.log());
+
+    // Both promoted, each writing a row the other does not have.
+    let mut timelines = Vec::new();
+    let mut leases = Vec::new();
+    for (instance, row) in [(&winner, "on the winner"), (&loser, "on the loser only")] {
+        let (code, promoted) = instance.post(
+            "/promote",
+            &format!(r#"{{"lease": {}, "slots": []}}"#, lease(4000)),
+        );
+        assert_eq!(code, 200, "{promoted}");
+        leases.push(instance.keep_lease());
+        let status = instance.wait_ready(Duration::from_secs(30));
+        timelines.push(status["server"]["timeline"].as_i64().unwrap_or_default());
+        let mut app = connect(&instance.address, "shop", APP_PASSWORD, "shop").await;
+        sqlx::query("insert into orders values (2, $1)")
+            .bind(row)
+            .execute(&mut app)
+            .await
+            .expect("writing after promotion");
+    }
+    assert_eq!(
+        timelines,
+        vec![2, 2],
+        "both promoted to the same timeline number"
+    );
+
+    // The loser stops (its lease is not renewed) and returns following the winner.
+    drop(leases.pop());
+    assert!(loser.terminate().success(), "{}", loser.log());
+    drop(loser);
+    let rejoined = Instance::start(&scratch, "fk-3", "127.0.54.3", Some("127.0.54.2"));
+    eventually(
+        "the former primary waits for a lease",
+        Duration::from_secs(30),
+        || async {
+            let (_, status) = rejoined.get("/status");
+            if status["role"] == "primary" && status.get("server").is_none() {
+                Ok(())
+            } else {
+                Err(status.to_string())
+            }
+        },
+    )
+    .await;
+    let (code, demoted) = rejoined.post("/demote", "{}");
+    assert_eq!(code, 200, "{demoted}");
+    let body = rejoined.wait_ready(Duration::from_secs(60));
+    assert_eq!(body["role"], "replica", "{body}");
+    assert!(
+        rejoined
+            .log()
+            .contains("forked from the primary on the same timeline"),
+        "{}",
+        rejoined.log()
+    );
+    // It holds the winner's history and follows it.
+    let mut on_winner = connect("127.0.54.2", "shop", APP_PASSWORD, "shop").await;
+    sqlx::query("insert into orders values (3, 'after the rejoin')")
+        .execute(&mut on_winner)
+        .await
+        .expect("writing on the winner");
+    let mut on_rejoined = connect("127.0.54.3", "shop", APP_PASSWORD, "shop").await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let rows: Vec<(i32, String)> = sqlx::query_as("select id, item from orders order by id")
+            .fetch_all(&mut on_rejoined)
+            .await
+            .unwrap_or_default();
+        if rows.len() == 3 {
+            assert_eq!(rows[1].1, "on the winner", "{rows:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rejoined instance streams from the winner: {rows:?}\n{}",
+            rejoined.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(leases);
+}

@@ -287,12 +287,72 @@ pub async fn checkpoint_lsn(
     binaries: &Binaries,
     data_dir: &Path,
 ) -> Result<Option<String>, BootstrapError> {
+    control_value(binaries, data_dir, "Latest checkpoint location:").await
+}
+
+/// The timeline of the last checkpoint in the control file.
+pub async fn checkpoint_timeline(
+    binaries: &Binaries,
+    data_dir: &Path,
+) -> Result<Option<u32>, BootstrapError> {
+    Ok(
+        control_value(binaries, data_dir, "Latest checkpoint's TimeLineID:")
+            .await?
+            .and_then(|tli| tli.parse().ok()),
+    )
+}
+
+/// One line of `pg_controldata`'s report, by its label.
+async fn control_value(
+    binaries: &Binaries,
+    data_dir: &Path,
+    label: &str,
+) -> Result<Option<String>, BootstrapError> {
     let data = data_dir.to_string_lossy();
     let output = binaries.run("pg_controldata", &["-D", &data], &[]).await?;
     Ok(output
         .lines()
-        .find_map(|line| line.strip_prefix("Latest checkpoint location:"))
-        .map(|lsn| lsn.trim().to_owned()))
+        .find_map(|line| line.strip_prefix(label))
+        .map(|value| value.trim().to_owned()))
+}
+
+/// The timeline the server at `upstream` writes on, or `None` while it is not (yet) a
+/// primary.
+pub async fn primary_timeline(
+    binaries: &Binaries,
+    upstream: &Upstream,
+    passfile: &Path,
+) -> Result<Option<u32>, BootstrapError> {
+    let output = binaries
+        .run(
+            "psql",
+            &[
+                "--no-psqlrc",
+                "--tuples-only",
+                "--no-align",
+                "--dbname",
+                &superuser_connection(upstream),
+                "--command",
+                "select case when pg_is_in_recovery() then '' \
+                 else substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) end",
+            ],
+            &[("PGPASSFILE", passfile)],
+        )
+        .await?;
+    Ok(u32::from_str_radix(output.trim(), 16).ok())
+}
+
+fn superuser_connection(upstream: &Upstream) -> String {
+    format!(
+        "host={} port={} user=postgres dbname=postgres sslmode=disable",
+        upstream.host, upstream.port
+    )
+}
+
+/// Empties a data directory whose contents can only be replaced: a former primary
+/// whose history forked from the current primary's on the same timeline.
+pub async fn discard(data_dir: &Path) -> Result<(), BootstrapError> {
+    clear_dir(data_dir).await
 }
 
 /// Rewinds a former primary onto the new primary's timeline so it can follow it.
@@ -303,10 +363,7 @@ pub async fn rewind(
     passfile: &Path,
 ) -> Result<String, BootstrapError> {
     let data = data_dir.to_string_lossy();
-    let source = format!(
-        "host={} port={} user=postgres dbname=postgres sslmode=disable",
-        upstream.host, upstream.port
-    );
+    let source = superuser_connection(upstream);
     binaries
         .run(
             "pg_rewind",

@@ -318,13 +318,44 @@ impl Instance {
     /// Brings a stopped former primary onto the current primary's timeline (pg_rewind
     /// copies back what differs, running crash recovery first if the server did not
     /// shut down cleanly), or copies the primary afresh when there is nothing to
-    /// rewind.
+    /// rewind, or when pg_rewind cannot see the fork.
     async fn rejoin(&self) -> anyhow::Result<Role> {
         if self.holds() == Holds::Nothing {
             return self.clone_primary().await;
         }
         let upstream = self.upstream()?;
         let data_dir = &self.args.data_dir;
+        // A former primary on the very timeline the current primary writes on forked
+        // from it: both were promoted, each to the next number, from different
+        // histories (one never saw the other's timeline). pg_rewind compares only the
+        // numbers, says "no rewind required", and the server would start diverged,
+        // streaming nothing. Its own writes after the fork were never confirmed by the
+        // standby the current primary was promoted from, so they are not acknowledged
+        // commits under required durability; the volume is filled from the primary.
+        let local = bootstrap::checkpoint_timeline(&self.binaries, data_dir)
+            .await
+            .context("reading this instance's timeline")?;
+        let current = bootstrap::primary_timeline(&self.binaries, &upstream, &self.passfile)
+            .await
+            .with_context(|| format!("reading the timeline of {}", upstream.host))?;
+        let Some(current) = current else {
+            anyhow::bail!(
+                "{} is not a primary yet; rejoining waits for one to follow",
+                upstream.host
+            );
+        };
+        if local == Some(current) {
+            tracing::warn!(
+                timeline = current,
+                host = %upstream.host,
+                "this former primary forked from the primary on the same timeline; \
+                 discarding its data and copying the primary afresh"
+            );
+            bootstrap::discard(data_dir)
+                .await
+                .with_context(|| format!("emptying {}", data_dir.display()))?;
+            return self.clone_primary().await;
+        }
         tracing::info!(host = %upstream.host, "rejoining as a replica with pg_rewind");
         let output = bootstrap::rewind(&self.binaries, data_dir, &upstream, &self.passfile)
             .await
