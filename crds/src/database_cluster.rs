@@ -17,7 +17,7 @@ pub const SUPPORTED_POSTGRESQL_VERSIONS: [&str; 4] = ["15", "16", "17", "18"];
 /// Server parameters Castellan must own: where the server listens, how it replicates
 /// and archives, where its files are. Letting a user set them would break failover,
 /// backups or the instance manager's control of the server, so admission refuses them.
-pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 32] = [
+pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 33] = [
     "archive_cleanup_command",
     "archive_command",
     "archive_library",
@@ -48,6 +48,7 @@ pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 32] = [
     "unix_socket_directories",
     "wal_level",
     "wal_log_hints",
+    "wal_receiver_timeout",
     "wal_retrieve_retry_interval",
     "wal_sender_timeout",
 ];
@@ -116,7 +117,7 @@ pub struct DatabaseClusterSpec {
     /// (ports, listen addresses, replication and archiving) are refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 128, "additionalProperties" = {"type": "string", "maxLength": 1024}))]
-    #[x_kube(validation = Rule::new("self.all(name, !(name.lowerAscii() in ['archive_cleanup_command', 'archive_command', 'archive_library', 'archive_mode', 'archive_timeout', 'cluster_name', 'config_file', 'data_directory', 'external_pid_file', 'full_page_writes', 'hba_file', 'hot_standby', 'ident_file', 'listen_addresses', 'max_replication_slots', 'max_slot_wal_keep_size', 'max_wal_senders', 'port', 'primary_conninfo', 'primary_slot_name', 'promote_trigger_file', 'recovery_target', 'recovery_target_lsn', 'recovery_target_time', 'restore_command', 'ssl', 'synchronous_standby_names', 'unix_socket_directories', 'wal_level', 'wal_log_hints', 'wal_retrieve_retry_interval', 'wal_sender_timeout']))").message("parameters cannot set what Castellan manages: archive_*, cluster_name, config_file, data_directory, external_pid_file, full_page_writes, hba_file, hot_standby, ident_file, listen_addresses, max_replication_slots, max_slot_wal_keep_size, max_wal_senders, port, primary_conninfo, primary_slot_name, promote_trigger_file, recovery_target*, restore_command, ssl, synchronous_standby_names, unix_socket_directories, wal_level, wal_log_hints, wal_retrieve_retry_interval, wal_sender_timeout").reason(Reason::FieldValueForbidden))]
+    #[x_kube(validation = Rule::new("self.all(name, !(name.lowerAscii() in ['archive_cleanup_command', 'archive_command', 'archive_library', 'archive_mode', 'archive_timeout', 'cluster_name', 'config_file', 'data_directory', 'external_pid_file', 'full_page_writes', 'hba_file', 'hot_standby', 'ident_file', 'listen_addresses', 'max_replication_slots', 'max_slot_wal_keep_size', 'max_wal_senders', 'port', 'primary_conninfo', 'primary_slot_name', 'promote_trigger_file', 'recovery_target', 'recovery_target_lsn', 'recovery_target_time', 'restore_command', 'ssl', 'synchronous_standby_names', 'unix_socket_directories', 'wal_level', 'wal_log_hints', 'wal_receiver_timeout', 'wal_retrieve_retry_interval', 'wal_sender_timeout']))").message("parameters cannot set what Castellan manages: archive_*, cluster_name, config_file, data_directory, external_pid_file, full_page_writes, hba_file, hot_standby, ident_file, listen_addresses, max_replication_slots, max_slot_wal_keep_size, max_wal_senders, port, primary_conninfo, primary_slot_name, promote_trigger_file, recovery_target*, restore_command, ssl, synchronous_standby_names, unix_socket_directories, wal_level, wal_log_hints, wal_receiver_timeout, wal_retrieve_retry_interval, wal_sender_timeout").reason(Reason::FieldValueForbidden))]
     pub parameters: BTreeMap<String, String>,
 
     /// Compute resources of each instance's database container.

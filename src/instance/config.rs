@@ -72,7 +72,7 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         let _ = writeln!(conf, "{name} = {}", quote(value));
     }
     let socket_dir = settings.socket_dir.to_string_lossy();
-    let owned: [(&str, String); 13] = [
+    let owned: [(&str, String); 15] = [
         ("listen_addresses", quote(settings.listen_address)),
         ("port", settings.port.to_string()),
         ("unix_socket_directories", quote(&socket_dir)),
@@ -92,6 +92,11 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         // A replica whose primary went away retries every second rather than every
         // five (the default), so that it follows a new primary within a second.
         ("wal_retrieve_retry_interval", quote("1s")),
+        // A replica notices an upstream that stopped answering (a frozen process, a
+        // partitioned node: its TCP connection stays open) within 5 s rather than 60,
+        // and so follows a new primary; a primary drops such a standby within 10 s.
+        ("wal_receiver_timeout", quote("5s")),
+        ("wal_sender_timeout", quote("10s")),
         (
             "synchronous_standby_names",
             quote(settings.synchronous_standby_names),

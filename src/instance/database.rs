@@ -252,10 +252,15 @@ pub async fn ensure_database(pool: &PgPool, name: &str, owner: &str) -> Result<(
 
 /// Writes the primary's heartbeat: replicas replay it, and the age of the replayed row
 /// is their lag in seconds, meaningful even when nothing else is written.
+/// It commits locally: it needs no durability, and waiting for a synchronous quorum
+/// that is not there would hold one of the pool's few connections for as long.
 pub async fn beat(pool: &PgPool) -> Result<(), DatabaseError> {
-    sqlx::query(
-        "insert into castellan.heartbeat (id, written_at) values (1, clock_timestamp())
-         on conflict (id) do update set written_at = excluded.written_at",
+    sqlx::raw_sql(
+        "begin;
+         set local synchronous_commit = local;
+         insert into castellan.heartbeat (id, written_at) values (1, clock_timestamp())
+         on conflict (id) do update set written_at = excluded.written_at;
+         commit;",
     )
     .execute(pool)
     .await

@@ -97,6 +97,11 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
+        // A failed test's namespace stays for inspection when asked to.
+        if std::thread::panicking() && std::env::var_os("CASTELLAN_KEEP_FAILED").is_some() {
+            eprintln!("kept namespace {} (CASTELLAN_KEEP_FAILED)", self.name);
+            return;
+        }
         let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
     }
 }
