@@ -1,11 +1,11 @@
 //! One pass over a `DatabaseCluster`, run by its `ClusterActor`'s shell (the `Converge`
 //! effect); the I/O half of it. It applies the owned objects that follow from the spec
 //! alone (Secrets, the instance API's certificate, Services, budgets, volume claims),
-//! reads what the decisions need (the pods, missing StorageClasses, the pods' nodes),
-//! asks `plan.rs` what the cluster should look like, and carries that out: role labels,
-//! new and removed instances, Events, and status when it changed. It decides nothing
-//! itself. Idempotent: a second pass with nothing changed creates nothing and writes
-//! the same status.
+//! reads what the decisions need (the pods, missing StorageClasses, the pods' nodes from
+//! the operator's Node reflector), asks `plan.rs` what the cluster should look like, and
+//! carries that out: role labels, new and removed instances, Events, and status when it
+//! changed. It decides nothing itself. Idempotent: a second pass with nothing changed
+//! creates nothing and writes the same status.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,6 +16,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -244,7 +245,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         .collect();
     let observed = Observed {
         missing_storage_classes: missing_storage_classes(client, &applied_claims).await,
-        nodes: nodes_of(client, cluster, existing.values()).await?,
+        nodes: nodes_of(&context.nodes, existing.values()),
         pods: existing,
         claims: applied_claims,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
@@ -254,28 +255,18 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     Ok(plan.converged)
 }
 
-/// What the nodes of `pods` are, read one by one; a node that does not exist is left out.
-async fn nodes_of<'a>(
-    client: &Client,
-    cluster: &DatabaseCluster,
+/// What the nodes of `pods` are known to be, from the operator's reflector of Nodes.
+fn nodes_of<'a>(
+    nodes: &Store<Node>,
     pods: impl IntoIterator<Item = &'a Pod>,
-) -> Result<BTreeMap<String, NodeHealth>, Error> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node_names: BTreeSet<String> = pods
-        .into_iter()
+) -> BTreeMap<String, NodeHealth> {
+    pods.into_iter()
         .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
-        .collect();
-    let mut known = BTreeMap::new();
-    for node_name in node_names {
-        let node = nodes
-            .get_opt(&node_name)
-            .await
-            .map_err(kube_error(format!("reading node {node_name}"), cluster))?;
-        if let Some(node) = node {
-            known.insert(node_name, NodeHealth::of(&node));
-        }
-    }
-    Ok(known)
+        .filter_map(|node_name| {
+            let node = nodes.get(&ObjectRef::new(&node_name))?;
+            Some((node_name, NodeHealth::of(&node)))
+        })
+        .collect()
 }
 
 /// Carries out `plan`'s changes to the pods, then writes its status when it differs.

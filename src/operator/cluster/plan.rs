@@ -42,7 +42,7 @@ pub struct Observed {
 }
 
 /// What a pass needs to know of a node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NodeHealth {
     /// Its `Ready` condition is True.
     pub ready: bool,
