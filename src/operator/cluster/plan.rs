@@ -428,6 +428,8 @@ fn members(
             address,
             primary: *n == primary,
             cordoned: node.is_some_and(|node| node.draining()),
+            // An unknown node is not taken for a lost one.
+            node_ready: node.is_none_or(|node| node.ready),
         };
         Some((name, member))
     });
@@ -437,6 +439,7 @@ fn members(
             address: None,
             primary: creation.number == primary,
             cordoned: false,
+            node_ready: true,
         };
         (build::instance_name(cluster, creation.number), member)
     });
@@ -874,13 +877,14 @@ mod tests {
             let created = &plan.converged.members[name];
             assert_eq!(created.address, None);
             assert!(!created.primary);
+            assert!(created.node_ready);
             assert!(!created.cordoned);
         }
         assert_eq!(plan.converged.members["db-3"].number, 3);
     }
 
     #[test]
-    fn members_on_a_draining_node_are_cordoned() {
+    fn members_on_a_draining_node_are_cordoned_and_on_a_lost_node_not_ready() {
         let (order, mut observed) = settled(4);
         let health = |ready, cordoned| NodeHealth { ready, cordoned };
         observed.nodes = BTreeMap::from([
@@ -889,13 +893,14 @@ mod tests {
             ("node-3".to_owned(), health(false, false)),
         ]);
         let members = plan(&order, &observed).converged.members;
-        let cordoned = |name: &str| members[name].cordoned;
+        let of = |name: &str| (members[name].cordoned, members[name].node_ready);
         // Cordoned and working: a drain.
-        assert!(cordoned("db-1"));
+        assert_eq!(of("db-1"), (true, true));
         // A lost node is failover's business, cordoned or not.
-        assert!(!cordoned("db-2"));
-        assert!(!cordoned("db-3"));
-        assert!(!cordoned("db-4"));
+        assert_eq!(of("db-2"), (false, false));
+        assert_eq!(of("db-3"), (false, false));
+        // A node the store does not know is not taken for a lost one.
+        assert_eq!(of("db-4"), (false, true));
     }
 
     #[test]
