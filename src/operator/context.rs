@@ -1,15 +1,16 @@
 //! What every part of the operator shares, and nothing that acts: the API client,
-//! settings and metrics (`Shared`), Events recorded on a cluster, a cluster's key and
-//! edition, and the restart policy of the actor tree. Shells, the pass and `reconcile`
-//! import it; it imports none of them.
+//! settings, metrics and the store of Nodes (`Shared`), Events recorded on a cluster, a
+//! cluster's key and edition, and the restart policy of the actor tree. Shells, the
+//! pass and `reconcile` import it; it imports none of them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use castellan_actors::RestartPolicy;
 use castellan_crds::DatabaseCluster;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::runtime::events::{self, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
 use super::build;
@@ -26,6 +27,9 @@ pub struct Shared {
     pub recorder: Recorder,
     /// Castellan's CA, which issues the instances' certificates.
     pub authority: Arc<crate::pki::Authority>,
+    /// Every Node, kept current by a watch (`operator::run`): a pass reads its pods'
+    /// nodes from here instead of asking the API server each time.
+    pub nodes: Store<Node>,
 }
 
 impl Shared {
@@ -35,6 +39,7 @@ impl Shared {
         settings: build::Settings,
         identity: &str,
         authority: Arc<crate::pki::Authority>,
+        nodes: Store<Node>,
     ) -> Self {
         let reporter = Reporter {
             controller: "castellan-operator".into(),
@@ -47,6 +52,7 @@ impl Shared {
             settings,
             runtime: tokio::runtime::Handle::current(),
             authority,
+            nodes,
         }
     }
 

@@ -1,13 +1,16 @@
 //! `castellan operator`: the `DatabaseCluster` controller and its actor tree.
 //!
-//! kube-rs' controller watches the clusters and what they own; `reconcile` only hands
-//! each cluster's desired state to its `ClusterActor` (one per cluster, under the root
-//! supervisor in `root.rs`, each with one `ReplicaActor` per instance). Each actor has
-//! a folder with its pure machine beside its shell (`cluster/`, `replica/`); what they
-//! share without acting is `context.rs`. Objects are built by `build.rs`, the `VolumesBound` condition
-//! is decided by `cluster/volumes.rs`, the instance API is called by `instance_client.rs` (mutual TLS with the certificates of
-//! `certificates.rs`). One replica of the operator acts at a time
-//! (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
+//! kube-rs' controller watches the clusters and what they own, and the Nodes (kept in a
+//! store for the passes; a node's readiness or cordon changing reconciles every
+//! cluster); `reconcile` only hands each cluster's desired state to its `ClusterActor`
+//! (one per cluster, under the root supervisor in `root.rs`, each with one
+//! `ReplicaActor` per instance). Each actor has a folder with its pure machine beside
+//! its shell (`cluster/`, `replica/`); what they share without acting is `context.rs`.
+//! Objects are built by `build.rs`; what a pass over a cluster should do is decided by
+//! `cluster/plan.rs` (its `VolumesBound` condition by `cluster/volumes.rs`) and done by
+//! `cluster/pass.rs`; the instance API is called by `instance_client.rs` (mutual TLS
+//! with the certificates of `certificates.rs`). One replica of the operator acts at a
+//! time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
 
 pub mod build;
 mod certificates;
@@ -26,12 +29,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use castellan_crds::DatabaseCluster;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
 
 /// Name of the leader Lease.
 const LEASE: &str = "castellan-operator";
@@ -100,6 +104,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         crate::pki::tls::operator_client_config(authority.clone())
             .context("setting up the operator's client certificate")?,
     );
+    // A pass reads its pods' nodes (drains, lost nodes) from this store of every Node,
+    // kept by one watch that runs with the controller (below).
+    let (nodes, nodes_writer) = reflector::store();
     let shared = Arc::new(context::Shared::new(
         client.clone(),
         metrics,
@@ -111,6 +118,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         },
         &identity,
         authority,
+        nodes,
     ));
     let system = castellan_actors::ActorSystem::start("castellan-actors")
         .context("starting the actor system")?;
@@ -156,6 +164,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 watched::<PodDisruptionBudget>(&client, &args),
                 watcher::Config::default(),
             )
+            // A node that is cordoned or turns NotReady concerns whichever cluster has
+            // an instance there; such changes are rare, so every cluster is reconciled.
+            .reconcile_all_on(node_changes(Api::all(client.clone()), nodes_writer))
             .shutdown_on_signal()
             .run(reconcile::reconcile, error_policy, context)
             .for_each(|outcome| async move {
@@ -193,6 +204,42 @@ where
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     }
+}
+
+/// Keeps the store of Nodes behind `writer` current, and yields whenever a node is
+/// first seen or its readiness or cordon changes: all a pass reads of a node. The
+/// store is updated before the change is yielded, so the reconcile it sets off sees
+/// it. A failing watch is retried with back-off.
+fn node_changes(nodes: Api<Node>, writer: Writer<Node>) -> impl Stream<Item = ()> + Send {
+    watcher(nodes, watcher::Config::default())
+        .default_backoff()
+        // Managed fields and image lists are most of a Node's size, and never read.
+        .modify(|node| {
+            node.managed_fields_mut().clear();
+            if let Some(status) = node.status.as_mut() {
+                status.images = None;
+            }
+        })
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(node_health, PredicateConfig::default())
+        .filter_map(|node| async move {
+            match node {
+                Ok(_) => Some(()),
+                Err(error) => {
+                    tracing::warn!(%error, "watching Nodes failed; retrying");
+                    None
+                }
+            }
+        })
+}
+
+/// What a pass reads of `node`, hashed for [`WatchStreamExt::predicate_filter`].
+fn node_health(node: &Node) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    cluster::plan::NodeHealth::of(node).hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// Every few seconds, stops the actors of clusters that are no longer in the cache.

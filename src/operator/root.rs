@@ -7,11 +7,12 @@ use std::sync::Arc;
 use actix::prelude::*;
 use castellan_actors::{ChildFailing, Supervisor};
 use castellan_crds::DatabaseCluster;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::cluster::Note;
-use super::cluster::pass;
 use super::cluster::shell::ClusterActor;
+use super::cluster::{pass, plan};
 use super::context::{Shared, edition, restart_policy};
 
 pub type Root = Supervisor<ClusterActor>;
@@ -48,9 +49,10 @@ pub async fn report_failing_clusters(
         if let Ok(mut failed) = failed.lock() {
             failed.insert(report.key.clone(), edition(&cluster));
         }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
         let patch = json!({ "status": {
             "phase": "Degraded",
-            "conditions": [pass::degraded_condition(&cluster, Some(&reason))],
+            "conditions": [plan::degraded_condition(&cluster, Some(&reason), &now)],
         }});
         if let Err(error) =
             pass::write_status_as(&shared.client, &cluster, &patch, "castellan-supervisor").await

@@ -49,6 +49,7 @@ pub fn members(count: u32) -> BTreeMap<String, Member> {
                     address: Some(format!("127.0.0.{n}:8000")),
                     primary: n == 1,
                     cordoned: false,
+                    node_ready: true,
                 },
             )
         })

@@ -8,8 +8,11 @@
 //! - `failover.rs` — whom to promote and when it is safe (the pure rules);
 //! - `switchover.rs` — switchover by request or drain;
 //! - `quorum.rs` — the synchronous quorum under `dataDurability`;
-//! - `pass.rs` — one I/O pass over Secrets, Services, budgets, volumes, pods and status;
+//! - `plan.rs` — what a pass should leave behind (role labels, instances to create and
+//!   remove, status, members), decided from the order and what the pass read;
 //!   `volumes.rs` decides its `VolumesBound` condition;
+//! - `pass.rs` — one I/O pass: applies Secrets, Services, budgets and volumes, reads
+//!   pods and nodes, and carries out the plan;
 //! - `shell.rs` — performs the machine's effects.
 
 mod failover;
@@ -17,6 +20,7 @@ mod failover;
 mod fixtures;
 mod machine;
 pub mod pass;
+pub mod plan;
 mod primary;
 mod quorum;
 pub mod shell;

@@ -1,30 +1,31 @@
 //! One pass over a `DatabaseCluster`, run by its `ClusterActor`'s shell (the `Converge`
-//! effect):
-//! make the owned objects match the spec, remove the surplus instances the machine
-//! cleared, then write status from the instances' latest views. Idempotent: a second
-//! pass with nothing changed creates nothing and writes the same status.
+//! effect); the I/O half of it. It applies the owned objects that follow from the spec
+//! alone (Secrets, the instance API's certificate, Services, budgets, volume claims),
+//! reads what the decisions need (the pods, missing StorageClasses, the pods' nodes from
+//! the operator's Node reflector), asks `plan.rs` what the cluster should look like, and
+//! carries that out: role labels, new and removed instances, Events, and status when it
+//! changed. It decides nothing itself. Idempotent: a second pass with nothing changed
+//! creates nothing and writes the same status.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use castellan_crds::DatabaseCluster;
-use castellan_crds::database_cluster::{
-    DatabaseClusterStatus, InstanceStatus, ReplicationSlotStatus,
-};
+use castellan_crds::database_cluster::DatabaseClusterStatus;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use super::state::{Assessment, ConvergeOrder, Converged, Member, Note};
+use super::plan::{self, NodeHealth, Observed, Plan};
+use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::volumes;
-use crate::instance_api::RunningRole;
-use crate::operator::build::{self, CLUSTER_LABEL, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
+use crate::operator::build::{self, CLUSTER_LABEL, ROLE_LABEL};
 use crate::operator::context::Shared;
 use crate::operator::endpoints::Metrics;
-use crate::operator::instance_client;
 
 pub const MANAGER: &str = "castellan-operator";
 
@@ -72,25 +73,6 @@ fn password() -> Result<String, Error> {
         .iter()
         .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
         .collect())
-}
-
-/// The instance number of a pod named `<cluster>-<n>`.
-fn instance_number(cluster: &DatabaseCluster, pod: &Pod) -> Option<u32> {
-    pod.name_any()
-        .strip_prefix(&format!("{}-", cluster.name_any()))?
-        .parse()
-        .ok()
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
 }
 
 /// The StorageClasses that `claims` waiting for a volume name and that do not exist,
@@ -235,7 +217,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
             ))?;
     }
 
-    let desired = u32::try_from(cluster.spec.replicas.max(1)).unwrap_or(1);
+    let desired = desired_count(cluster);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let mut applied_claims = Vec::new();
     for n in 1..=desired {
@@ -259,70 +241,64 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         .map_err(kube_error("listing pods", cluster))?
         .items
         .into_iter()
-        .filter_map(|pod| Some((instance_number(cluster, &pod)?, pod)))
+        .filter_map(|pod| Some((plan::instance_number(cluster, &pod)?, pod)))
         .collect();
+    let observed = Observed {
+        missing_storage_classes: missing_storage_classes(client, &applied_claims).await,
+        nodes: nodes_of(&context.nodes, existing.values()),
+        pods: existing,
+        claims: applied_claims,
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let plan = plan::plan(order, &observed);
+    enact(&plan, cluster, &upstream, context).await?;
+    Ok(plan.converged)
+}
 
-    // The primary is the one the machine decided on, else the one status names; a new
-    // cluster's first instance.
-    let primary = order
-        .primary
-        .as_deref()
-        .or_else(|| {
-            cluster
-                .status
-                .as_ref()
-                .and_then(|s| s.current_primary.as_deref())
+/// What the nodes of `pods` are known to be, from the operator's reflector of Nodes.
+fn nodes_of<'a>(
+    nodes: &Store<Node>,
+    pods: impl IntoIterator<Item = &'a Pod>,
+) -> BTreeMap<String, NodeHealth> {
+    pods.into_iter()
+        .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
+        .filter_map(|node_name| {
+            let node = nodes.get(&ObjectRef::new(&node_name))?;
+            Some((node_name, NodeHealth::of(&node)))
         })
-        .and_then(|p| p.strip_prefix(&format!("{name}-")))
-        .and_then(|n| n.parse::<u32>().ok())
-        .unwrap_or(1);
-    let primary_ready = existing.get(&primary).is_some_and(pod_ready);
-    // Once any instance has data the cluster has had data: from then on no empty
-    // volume is initialised again.
-    let initialized = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.initialized)
-        .unwrap_or(false)
-        || order.views.iter().any(|v| v.role.is_some());
+        .collect()
+}
 
-    // -rw follows the primary's label: only the primary has it, and nobody while a
-    // failover replaces it (the old primary leaves -rw at once).
-    for (n, pod) in &existing {
-        let wanted = if *n == primary && order.failover.is_none() {
-            StartRole::Primary
-        } else {
-            StartRole::Replica
-        };
-        if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(wanted.as_str()) {
-            let pod_name = pod.name_any();
-            let patch = json!({"metadata": {"labels": {ROLE_LABEL: wanted.as_str()}}});
-            pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(kube_error(format!("labelling pod {pod_name}"), cluster))?;
-            tracing::info!(cluster = %name, pod = %pod_name, role = wanted.as_str(), "relabelled instance");
-        }
+/// Carries out `plan`'s changes to the pods, then writes its status when it differs.
+/// `upstream` is the -rw Service's address, which new replicas follow.
+async fn enact(
+    plan: &Plan,
+    cluster: &DatabaseCluster,
+    upstream: &str,
+    context: &Shared,
+) -> Result<(), Error> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let client = &context.client;
+    let name = cluster.name_any();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    for (pod_name, role) in &plan.relabel {
+        let patch = json!({"metadata": {"labels": {ROLE_LABEL: role.as_str()}}});
+        pods.patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_error(format!("labelling pod {pod_name}"), cluster))?;
+        tracing::info!(cluster = %name, pod = %pod_name, role = role.as_str(), "relabelled instance");
     }
 
-    let mut created = BTreeMap::new();
-    for n in 1..=desired {
-        if existing.contains_key(&n) {
-            continue;
-        }
-        let role = if n == primary {
-            StartRole::Primary
-        } else {
-            StartRole::Replica
-        };
-        // A replica copies the primary: wait until there is a ready one.
-        if role == StartRole::Replica && !primary_ready {
-            continue;
-        }
-        // A primary starts asynchronous; synchronous standbys are named once they
-        // stream (below), or its own bootstrap writes would wait for replicas that
-        // cannot exist before it is ready.
-        let allow_initdb = role == StartRole::Primary && !initialized;
-        let pod = build::pod(cluster, n, role, &upstream, allow_initdb, &context.settings);
+    for creation in &plan.create {
+        let role = creation.role;
+        let pod = build::pod(
+            cluster,
+            creation.number,
+            role,
+            upstream,
+            creation.allow_initdb,
+            &context.settings,
+        );
         let pod_name = pod.name_any();
         pods.create(&PostParams::default(), &pod)
             .await
@@ -339,318 +315,59 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 .about(&pod_name),
             )
             .await;
-        created.insert(n, pod_name);
     }
 
-    // Scale down: the surplus instances the machine cleared (never the primary; a sync
-    // standby only once the primary no longer waits for it).
-    let mut removed = Vec::new();
-    for (n, pod) in existing.iter().rev() {
-        let pod_name = pod.name_any();
-        if *n > desired && *n != primary && order.remove.contains(&pod_name) {
-            pods.delete(&pod_name, &DeleteParams::default())
-                .await
-                .map_err(kube_error(format!("deleting pod {pod_name}"), cluster))?;
-            claims
-                .delete(&pod_name, &DeleteParams::default())
-                .await
-                .map_err(kube_error(
-                    format!("deleting volume claim {pod_name}"),
-                    cluster,
-                ))?;
-            tracing::info!(cluster = %name, pod = %pod_name, "removed instance (scale down)");
-            context
-                .record(
-                    cluster,
-                    Note::normal(
-                        "RemovedInstance",
-                        format!("removed {pod_name} (scale down)"),
-                    )
-                    .about(&pod_name),
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
+    for pod_name in &plan.remove {
+        pods.delete(pod_name, &DeleteParams::default())
+            .await
+            .map_err(kube_error(format!("deleting pod {pod_name}"), cluster))?;
+        claims
+            .delete(pod_name, &DeleteParams::default())
+            .await
+            .map_err(kube_error(
+                format!("deleting volume claim {pod_name}"),
+                cluster,
+            ))?;
+        tracing::info!(cluster = %name, pod = %pod_name, "removed instance (scale down)");
+        context
+            .record(
+                cluster,
+                Note::normal(
+                    "RemovedInstance",
+                    format!("removed {pod_name} (scale down)"),
                 )
-                .await;
-            removed.push(*n);
+                .about(pod_name),
+            )
+            .await;
+    }
+
+    let previous_volumes = cluster.status.as_ref().and_then(volumes_condition);
+    if let Some(volumes_bound) = volumes_condition(&plan.status) {
+        let mut volumes_warning = volumes::warning(previous_volumes, volumes_bound);
+        if volumes_warning.is_some() {
+            // The cluster this pass started from may predate the status the previous
+            // pass wrote (the controller's cache lags the write): decide again on a
+            // fresh read, so that the Warning is recorded once, not once per pass until
+            // the cache catches up.
+            let written = written_condition(client, cluster, volumes::CONDITION).await;
+            volumes_warning = volumes::warning(written.as_ref(), volumes_bound);
+        }
+        if let Some(note) = volumes_warning {
+            context.record(cluster, note).await;
         }
     }
+    if cluster.status.as_ref() != Some(&plan.status) {
+        write_status(client, cluster, &json!({ "status": plan.status })).await?;
+    }
+    Ok(())
+}
 
-    // Status from the instances' latest views (their actors read them): the role is what
-    // each instance manager reports, not what its labels say.
-    let primary_view = order
-        .views
-        .iter()
-        .find(|v| v.role == Some(RunningRole::Primary) && v.reachable && v.running);
-    let instances: Vec<InstanceStatus> = existing
-        .values()
-        .map(|pod| {
-            let pod_name = pod.name_any();
-            let view = order
-                .views
-                .iter()
-                .find(|v| v.name == pod_name && v.reachable);
-            InstanceStatus {
-                node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-                role: view
-                    .and_then(|v| v.role)
-                    .map(|role| role.as_str().to_owned())
-                    .or_else(|| pod.labels().get(ROLE_LABEL).cloned()),
-                fenced: view.is_some_and(|v| v.fenced),
-                timeline: view.and_then(|v| v.timeline),
-                // A lost node's pods stay Ready in the API for the node controller's
-                // grace period; the instance's own view says at once that it is not.
-                ready: pod_ready(pod)
-                    && order
-                        .views
-                        .iter()
-                        .find(|v| v.name == pod_name)
-                        .is_none_or(|v| v.ready),
-                lsn: view.and_then(|v| v.lsn).map(|lsn| lsn.to_string()),
-                lag_seconds: view.and_then(|v| v.lag_seconds),
-                lag_bytes: primary_view.and_then(|p| {
-                    p.standbys
-                        .iter()
-                        .find(|s| s.name == pod_name)
-                        .and_then(|s| s.lag_bytes)
-                }),
-                name: pod_name,
-            }
-        })
-        .collect();
-    let replication_slots: Vec<ReplicationSlotStatus> = order
-        .views
-        .iter()
-        .find(|v| v.name == build::instance_name(cluster, primary) && v.reachable)
-        .map(|view| {
-            view.slots
-                .iter()
-                .map(|slot| ReplicationSlotStatus {
-                    name: slot.name.clone(),
-                    active: slot.active,
-                    retained_wal_bytes: slot.retained_bytes,
-                    wal_status: slot.wal_status.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-
-    let ready = i32::try_from(instances.iter().filter(|i| i.ready).count()).unwrap_or(i32::MAX);
-    let remaining = existing.len() - removed.len();
-    let all_ready = ready == cluster.spec.replicas
-        && remaining == desired as usize
-        && existing.len() == desired as usize;
-    let phase = if order.degraded.is_some() {
-        "Degraded"
-    } else if order.failover.as_ref().is_some_and(|f| f.switchover) {
-        "Switchover"
-    } else if order.failover.is_some() {
-        "FailingOver"
-    } else if order.primary_condition.reason == "Fenced" {
-        "Fenced"
-    } else if all_ready {
-        "Ready"
-    } else if existing.is_empty() {
-        "Creating"
-    } else if existing.len() != desired as usize {
-        "Scaling"
-    } else {
-        "Progressing"
-    };
-    let previous = cluster.status.clone().unwrap_or_default();
-    let previous_volumes = previous
+fn volumes_condition(status: &DatabaseClusterStatus) -> Option<&Condition> {
+    status
         .conditions
         .iter()
-        .find(|c| c.type_ == volumes::CONDITION);
-    let volumes_bound = volumes::condition(
-        &applied_claims,
-        existing.values(),
-        &missing_storage_classes(client, &applied_claims).await,
-        previous_volumes,
-        cluster.metadata.generation,
-        Time(k8s_openapi::jiff::Timestamp::now()),
-    );
-    let mut volumes_warning = volumes::warning(previous_volumes, &volumes_bound);
-    if volumes_warning.is_some() {
-        // The cluster this pass started from may predate the status the previous pass
-        // wrote (the controller's cache lags the write): decide again on a fresh read,
-        // so that the Warning is recorded once, not once per pass until the cache catches up.
-        let written = written_condition(client, cluster, volumes::CONDITION).await;
-        volumes_warning = volumes::warning(written.as_ref(), &volumes_bound);
-    }
-    if let Some(note) = volumes_warning {
-        context.record(cluster, note).await;
-    }
-    let status = DatabaseClusterStatus {
-        observed_generation: cluster.metadata.generation,
-        conditions: vec![
-            condition(
-                cluster,
-                "Ready",
-                all_ready,
-                if all_ready {
-                    "AllInstancesReady"
-                } else {
-                    "InstancesNotReady"
-                },
-                format!("{ready} of {} instances ready", cluster.spec.replicas),
-            ),
-            condition(
-                cluster,
-                "Progressing",
-                !all_ready,
-                if all_ready { "Settled" } else { "Reconciling" },
-                if all_ready {
-                    "nothing to do".to_owned()
-                } else {
-                    "creating, removing or starting instances".to_owned()
-                },
-            ),
-            degraded_condition(cluster, order.degraded.as_deref()),
-            assessed(cluster, "PrimaryAvailable", &order.primary_condition),
-            volumes_bound,
-        ]
-        .into_iter()
-        .chain(
-            order
-                .synchronous_condition
-                .as_ref()
-                .map(|a| assessed(cluster, "SynchronousReplication", a)),
-        )
-        .collect(),
-        phase: Some(phase.to_owned()),
-        current_primary: Some(build::instance_name(cluster, primary)),
-        target_primary: order.failover.as_ref().and_then(|f| f.target.clone()),
-        initialized: initialized.then_some(true),
-        replication_slots,
-        ready_instances: Some(ready),
-        instances,
-        version: Some(cluster.spec.version.clone()),
-        ..previous.clone()
-    };
-    if cluster.status.as_ref() != Some(&status) {
-        write_status(client, cluster, &json!({ "status": status })).await?;
-    }
-
-    // Nodes being drained: the primary is switched over before its pod is evicted.
-    let nodes: Api<Node> = Api::all(client.clone());
-    let mut cordoned = std::collections::BTreeSet::new();
-    let node_names: std::collections::BTreeSet<&String> = existing
-        .values()
-        .filter_map(|pod| pod.spec.as_ref()?.node_name.as_ref())
-        .collect();
-    for node_name in node_names {
-        let node = nodes
-            .get_opt(node_name)
-            .await
-            .map_err(kube_error(format!("reading node {node_name}"), cluster))?;
-        // A drain cordons a node that works; a lost node is failover's business, and
-        // a switchover away from it could not stop its primary cleanly anyway.
-        let draining = node.is_some_and(|n| {
-            let ready = n
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            ready && n.spec.and_then(|s| s.unschedulable).unwrap_or(false)
-        });
-        if draining {
-            cordoned.insert(node_name.clone());
-        }
-    }
-    let server_name = crate::pki::server_name(&name, &namespace);
-    let mut members: BTreeMap<String, Member> = existing
-        .iter()
-        .filter(|(n, _)| !removed.contains(n))
-        .map(|(n, pod)| {
-            let address = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.pod_ip.as_ref())
-                .map(|ip| instance_client::address(&server_name, ip, INSTANCE_API_PORT));
-            let cordoned = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some_and(|node| cordoned.contains(node));
-            let member = Member {
-                number: *n,
-                address,
-                primary: *n == primary,
-                cordoned,
-            };
-            (pod.name_any(), member)
-        })
-        .collect();
-    for (n, pod_name) in created {
-        members.insert(
-            pod_name,
-            Member {
-                number: n,
-                address: None,
-                primary: n == primary,
-                cordoned: false,
-            },
-        );
-    }
-    Ok(Converged {
-        members,
-        ready: all_ready,
-    })
-}
-
-/// A condition the machine assessed.
-fn assessed(cluster: &DatabaseCluster, type_: &str, assessment: &Assessment) -> Condition {
-    condition(
-        cluster,
-        type_,
-        assessment.status,
-        assessment.reason,
-        assessment.message.clone(),
-    )
-}
-
-/// A condition, keeping its transition time when its status did not change.
-fn condition(
-    cluster: &DatabaseCluster,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: String,
-) -> Condition {
-    let status = if status { "True" } else { "False" }.to_owned();
-    let unchanged = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
-        .filter(|c| c.status == status);
-    Condition {
-        type_: type_.to_owned(),
-        status,
-        reason: reason.to_owned(),
-        message,
-        observed_generation: cluster.metadata.generation,
-        last_transition_time: unchanged
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now())),
-    }
-}
-
-/// `Degraded`: true with the reason while the cluster's actors keep failing.
-pub fn degraded_condition(cluster: &DatabaseCluster, reason: Option<&str>) -> Condition {
-    match reason {
-        Some(reason) => condition(
-            cluster,
-            "Degraded",
-            true,
-            "ReconcileFailing",
-            reason.to_owned(),
-        ),
-        None => condition(
-            cluster,
-            "Degraded",
-            false,
-            "Healthy",
-            "reconciling works".to_owned(),
-        ),
-    }
+        .find(|c| c.type_ == volumes::CONDITION)
 }
 
 /// Server-side apply of a status patch (`{"status": …}`) by `manager`.

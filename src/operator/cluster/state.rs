@@ -34,6 +34,10 @@ pub struct Member {
     pub primary: bool,
     /// Its node is cordoned (being drained).
     pub cordoned: bool,
+    /// Its node's `Ready` condition is True, or the node is not known. A node that
+    /// stopped reporting (a lost machine) turns NotReady once the node controller's
+    /// grace period ends.
+    pub node_ready: bool,
 }
 
 /// What a successful pass found.

@@ -3,7 +3,7 @@
 //!
 //! Pure: decided from the claims the pass applied, the cluster's pods (the scheduler
 //! writes why it cannot place a pod in its `PodScheduled` condition) and which of the
-//! StorageClasses the claims name do not exist (looked up by the shell, `converge.rs`).
+//! StorageClasses the claims name do not exist (looked up by the shell, `pass.rs`).
 //! Without this a cluster whose claims cannot bind sits in `Creating` with nothing on
 //! the cluster saying why; the reason was only on the claim's or the pod's Events.
 
