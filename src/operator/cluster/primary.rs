@@ -42,15 +42,22 @@ pub(super) fn failover_delay(cluster: &DatabaseCluster) -> Duration {
         .unwrap_or(failover::DEFAULT_DELAY)
 }
 
-/// Why the primary is not serving, or `None` when it is. The delay applies to what may
-/// pass by itself (an unreachable instance, a server restarting); an empty volume or a
-/// primary that runs as a replica will not.
-pub(super) fn unavailability(view: Option<&InstanceView>) -> Option<(String, bool)> {
+/// Why the primary `name` is not serving, or `None` when it is, from its latest view
+/// and its node's `Ready` condition. The delay applies to what may pass by itself (an
+/// unreachable instance, a server restarting, a node the node controller lost); an
+/// empty volume or a primary that runs as a replica will not.
+pub(super) fn unavailability(state: &ClusterState, name: &str) -> Option<(String, bool)> {
+    let view = state.views.get(name);
     let Some(view) = view else {
         return Some(("it has not been observed".to_owned(), false));
     };
     if let Some(problem) = &view.problem {
         return Some((problem.clone(), true));
+    }
+    // The node controller gave up on the node (its kubelet stopped reporting for the
+    // grace period): even a primary that still answers runs where nothing manages it.
+    if state.members.get(name).is_some_and(|m| !m.node_ready) {
+        return Some(("its node is not Ready".to_owned(), false));
     }
     if !view.reachable {
         let error = view.error.clone().unwrap_or_default();
@@ -107,7 +114,7 @@ pub(super) fn supervise_primary(
             // A switchover asked for now starts before this view would renew the lease.
             if state.switchover.is_none()
                 && state.failover.is_none()
-                && unavailability(Some(view)).is_none()
+                && unavailability(state, &primary).is_none()
             {
                 start_switchover(state, effects, &cluster, now);
             }
@@ -124,7 +131,7 @@ pub(super) fn supervise_primary(
                 });
             }
         }
-        match unavailability(view.as_ref()) {
+        match unavailability(state, &primary) {
             None => state.unavailable_since = None,
             Some(_) => {
                 state
@@ -166,7 +173,7 @@ pub(super) fn supervise_primary(
         return;
     }
     if state.failover.is_none() {
-        let Some((reason, at_once)) = unavailability(view.as_ref()) else {
+        let Some((reason, at_once)) = unavailability(state, &primary) else {
             return;
         };
         let since = state.unavailable_since.unwrap_or(now);
@@ -422,7 +429,7 @@ pub(super) fn primary_assessment(state: &ClusterState) -> Assessment {
             ),
         );
     }
-    match unavailability(state.views.get(primary)) {
+    match unavailability(state, primary) {
         None => Assessment::new(
             true,
             "Available",
@@ -555,6 +562,36 @@ mod tests {
         let (state, effects) = step(idle(state), ClusterEvent::Observed(after));
         assert!(notes(&effects).contains(&"FailingOver"), "{effects:?}");
         assert_eq!(state.failover.map(|f| f.from).as_deref(), Some("db-3"));
+    }
+
+    #[test]
+    fn a_primary_on_a_node_gone_not_ready_is_failed_over_after_the_delay() {
+        let mut state = settled(cluster(3, false, &[]), 3);
+        if let Some(member) = state.members.get_mut("db-1") {
+            member.node_ready = false;
+        }
+        // It still answers: the clock starts, no lease beyond that is decided yet.
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Observed(state_view_at(
+                &settled(cluster(3, false, &[]), 3),
+                "db-1",
+                1,
+            )),
+        );
+        assert!(!notes(&effects).contains(&"FailingOver"));
+        assert_eq!(state.unavailable_since, Some(at(1)));
+        assert_eq!(primary_assessment(&state).message, "db-1: its node is not Ready");
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 7, "0/5000000")),
+        );
+        assert!(notes(&effects).contains(&"FailingOver"), "{effects:?}");
+        assert!(
+            state
+                .failover
+                .is_some_and(|f| f.reason == "its node is not Ready")
+        );
     }
 
     #[test]
