@@ -53,7 +53,12 @@ impl Binaries {
     ) -> Result<String, BootstrapError> {
         let program = self.program(name);
         let mut command = Command::new(&program);
-        command.args(args).kill_on_drop(true);
+        // Programs that connect (pg_basebackup, pg_rewind, psql) give up on a server
+        // that accepts the connection but never answers (a frozen one) rather than hang.
+        command
+            .args(args)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .kill_on_drop(true);
         for (key, value) in env {
             command.env(key, value);
         }

@@ -106,8 +106,12 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         let _ = writeln!(conf, "{name} = {value}");
     }
     if let Role::Replica(upstream) = settings.role {
+        // connect_timeout: a connection to a frozen primary (its kernel still accepts
+        // TCP) would otherwise wait forever, before wal_receiver_timeout applies, and
+        // the replica would never try the new primary behind -rw.
         let conninfo = format!(
-            "host={} port={} user={} passfile={} application_name={} sslmode=disable",
+            "host={} port={} user={} passfile={} application_name={} sslmode=disable \
+             connect_timeout=5",
             conninfo_value(&upstream.host),
             upstream.port,
             REPLICATION_USER,
@@ -206,7 +210,8 @@ mod tests {
         let conf = render_castellan_conf(&settings(&role, &BTreeMap::new()));
         assert!(conf.contains(
             "primary_conninfo = 'host=''orders-rw.db.svc'' port=5432 user=streaming_replica \
-             passfile=''/data/.pgpass'' application_name=''orders-2'' sslmode=disable'"
+             passfile=''/data/.pgpass'' application_name=''orders-2'' sslmode=disable \
+             connect_timeout=5'"
         ));
         assert!(conf.contains("primary_slot_name = 'castellan_orders_2'"));
         assert!(conf.contains("recovery_target_timeline = 'latest'"));

@@ -157,6 +157,10 @@ impl LocalVolumes {
 
 impl Drop for LocalVolumes {
     fn drop(&mut self) {
+        // Kept with a failed test's namespace (see `TestNamespace`).
+        if std::thread::panicking() && std::env::var_os("CASTELLAN_KEEP_FAILED").is_some() {
+            return;
+        }
         for name in &self.names {
             let _ = kubectl(&["delete", "pv", name, "--wait=false"]);
         }

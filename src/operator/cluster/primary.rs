@@ -581,7 +581,10 @@ mod tests {
         );
         assert!(!notes(&effects).contains(&"FailingOver"));
         assert_eq!(state.unavailable_since, Some(at(1)));
-        assert_eq!(primary_assessment(&state).message, "db-1: its node is not Ready");
+        assert_eq!(
+            primary_assessment(&state).message,
+            "db-1: its node is not Ready"
+        );
         let (state, effects) = step(
             state,
             ClusterEvent::Observed(at_lsn(view("db-2", &[]), 7, "0/5000000")),
