@@ -186,17 +186,11 @@ impl Suite {
                 node("start", &node_name);
             }
             Fault::FreezePrimary => {
-                let frozen = instance_processes(&self.ns, &primary);
-                assert!(!frozen.is_empty(), "the primary's processes");
-                for pid in &frozen {
-                    signal(*pid, "STOP");
-                }
+                let frozen = Frozen::stop(instance_processes(&self.ns, &primary));
                 // Thawed only after another instance took over: the old primary must
                 // then find its lease gone and stop, not take writes beside the new one.
                 self.wait_for_new_primary(&primary, Instant::now()).await;
-                for pid in &frozen {
-                    signal(*pid, "CONT");
-                }
+                drop(frozen);
             }
             Fault::DeletePrimaryVolume => {
                 kubectl_ok(&["delete", "pvc", &primary, "-n", &self.ns, "--wait=false"]);
@@ -237,6 +231,28 @@ impl Suite {
             self.primary()
         );
         gap
+    }
+}
+
+/// Processes stopped with SIGSTOP, continued when dropped (also when the test fails,
+/// so that no frozen server outlives it).
+struct Frozen(Vec<u32>);
+
+impl Frozen {
+    fn stop(pids: Vec<u32>) -> Self {
+        assert!(!pids.is_empty(), "the primary's processes");
+        for pid in &pids {
+            signal(*pid, "STOP");
+        }
+        Self(pids)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            signal(*pid, "CONT");
+        }
     }
 }
 

@@ -268,6 +268,18 @@ pub async fn beat(pool: &PgPool) -> Result<(), DatabaseError> {
     Ok(())
 }
 
+/// The WAL receiver's process id while it is still connecting to its upstream (the
+/// connection and its handshake, before streaming starts).
+pub async fn connecting_wal_receiver(pool: &PgPool) -> Result<Option<i32>, DatabaseError> {
+    sqlx::query_scalar(
+        "select pid from pg_stat_activity
+          where backend_type = 'walreceiver' and wait_event = 'LibPQWalReceiverConnect'",
+    )
+    .fetch_optional(pool)
+    .await
+    .map_err(query("reading the WAL receiver's state"))
+}
+
 /// Promotes a replica and waits for the promotion to finish, then checkpoints: until
 /// a checkpoint records the new timeline in the control file, pg_rewind run against
 /// this server would see no divergence and a former primary could not rejoin.

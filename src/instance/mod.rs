@@ -866,6 +866,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     tokio::spawn(api::serve(listener, Arc::new(tls), shared.clone()));
     tokio::spawn(api::serve_probes(probe_listener, shared.clone()));
     tokio::spawn(heartbeat(shared.clone()));
+    tokio::spawn(watch_upstream(shared.clone()));
 
     let fenced = instance.fence_marker().exists();
     let (role, problem) = match instance.holds() {
@@ -974,6 +975,68 @@ async fn exited(postmaster: &mut Option<Postmaster>) -> std::io::Result<std::pro
     }
 }
 
+/// How long a replica's WAL receiver may stay connecting before it is restarted.
+const RECEIVER_CONNECT_LIMIT: Duration = Duration::from_secs(5);
+
+/// Restarts a replica's WAL receiver that stays connecting for longer than
+/// [`RECEIVER_CONNECT_LIMIT`]. A connection through `-rw` to a primary that was frozen
+/// or paused is accepted by its kernel and then never answered; PostgreSQL's WAL
+/// receiver waits for it without a timeout (`connect_timeout` does not apply to it,
+/// and `wal_receiver_timeout` only once it streams), so the replica would never reach
+/// the new primary behind `-rw`, and under required durability the new primary's
+/// commits would wait for it.
+async fn watch_upstream(shared: Arc<Shared>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut connecting = None;
+    loop {
+        interval.tick().await;
+        let published = shared.published.borrow().clone();
+        let receiver = if published.role == Some(RunningRole::Replica) && published.running {
+            database::connecting_wal_receiver(&shared.pool)
+                .await
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let (next, stuck) = connecting_since(connecting, receiver, Instant::now());
+        connecting = next;
+        if let Some(pid) = stuck {
+            tracing::warn!(
+                pid,
+                limit = ?RECEIVER_CONNECT_LIMIT,
+                "the WAL receiver has been connecting to the upstream for too long; restarting it"
+            );
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+}
+
+/// Since when the WAL receiver `receiver` (its pid, while it is connecting) has been
+/// connecting, and the pid to restart once that is longer than the limit. A new pid
+/// starts the clock again.
+fn connecting_since(
+    seen: Option<(i32, Instant)>,
+    receiver: Option<i32>,
+    now: Instant,
+) -> (Option<(i32, Instant)>, Option<i32>) {
+    match (receiver, seen) {
+        (Some(pid), Some((seen_pid, since))) if pid == seen_pid => {
+            if now.duration_since(since) >= RECEIVER_CONNECT_LIMIT {
+                (None, Some(pid))
+            } else {
+                (Some((pid, since)), None)
+            }
+        }
+        (Some(pid), _) => (Some((pid, now)), None),
+        (None, _) => (None, None),
+    }
+}
+
 /// Writes the heartbeat every second while this instance is a running primary.
 async fn heartbeat(shared: Arc<Shared>) {
     let mut interval = tokio::time::interval(Duration::from_secs(1));
@@ -987,5 +1050,37 @@ async fn heartbeat(shared: Arc<Shared>) {
         if let Err(error) = database::beat(&shared.pool).await {
             tracing::debug!(%error, "heartbeat not written");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wal_receiver_connecting_past_the_limit_is_restarted_once() {
+        let start = Instant::now();
+        let (seen, stuck) = connecting_since(None, Some(7), start);
+        assert_eq!((seen, stuck), (Some((7, start)), None));
+        let (seen, stuck) = connecting_since(seen, Some(7), start + Duration::from_secs(4));
+        assert_eq!((seen, stuck), (Some((7, start)), None));
+        let (seen, stuck) = connecting_since(seen, Some(7), start + RECEIVER_CONNECT_LIMIT);
+        assert_eq!((seen, stuck), (None, Some(7)));
+    }
+
+    #[test]
+    fn a_new_or_streaming_wal_receiver_starts_the_clock_again() {
+        let start = Instant::now();
+        let later = start + RECEIVER_CONNECT_LIMIT;
+        // Restarted: another pid.
+        assert_eq!(
+            connecting_since(Some((7, start)), Some(8), later),
+            (Some((8, later)), None)
+        );
+        // Connected (or none running): nothing to watch.
+        assert_eq!(
+            connecting_since(Some((7, start)), None, later),
+            (None, None)
+        );
     }
 }
