@@ -18,8 +18,8 @@ use support::cluster::{
     LocalVolumes, Operator, apply_cluster, describe, instance_addresses, jsonpath, wait_for,
 };
 use support::faults::{
-    Writer, instance_manager_pid, instance_processes, missing_on, node, node_of, postmaster_pid,
-    reported_roles, signal,
+    Writer, instance_manager_pid, instance_processes, node, node_of, postmaster_pid, read_missing,
+    reported_roles, restarts, signal,
 };
 use support::{TestNamespace, client, kubectl_ok};
 
@@ -99,14 +99,20 @@ impl Suite {
         let acknowledged = self.writer.acknowledged();
         assert!(!acknowledged.is_empty(), "the writer got commits through");
         for (pod, ip) in instance_addresses(&self.ns, CLUSTER) {
-            let missing = missing_on(
+            let missing = read_missing(
                 &self.ns,
                 CLUSTER,
                 &ip,
                 &acknowledged,
                 Duration::from_secs(30),
             )
-            .await;
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "after {what}: {pod} could not be read for 30 s: {error}\n{}",
+                    self.diagnostics()
+                )
+            });
             assert!(
                 missing.is_empty(),
                 "after {what}: {} acknowledged rows missing on {pod} (first: {:?})\n{}",
@@ -119,6 +125,21 @@ impl Suite {
             "after {what}: {} acknowledged rows on all 3 instances; primary {}",
             acknowledged.len(),
             self.primary()
+        );
+    }
+
+    /// Kills an instance manager (and with it its server), and waits until the kubelet
+    /// has restarted it: until then the cluster may still look Ready (the next poll
+    /// has not failed yet), and the kubelet's back-off grows with each restart.
+    fn kill_manager(&self, pod: &str) {
+        let before = restarts(&self.ns, pod);
+        let pid = instance_manager_pid(&self.ns, pod).expect("the instance manager");
+        signal(pid, "KILL");
+        wait_for(
+            &format!("{pod}'s instance manager to be restarted"),
+            Duration::from_secs(300),
+            || restarts(&self.ns, pod) > before,
+            || self.diagnostics(),
         );
     }
 
@@ -148,10 +169,7 @@ impl Suite {
                 let pid = postmaster_pid(&self.ns, &primary).expect("the primary's postmaster");
                 signal(pid, "KILL");
             }
-            Fault::KillPrimaryManager => {
-                let pid = instance_manager_pid(&self.ns, &primary).expect("the primary's manager");
-                signal(pid, "KILL");
-            }
+            Fault::KillPrimaryManager => self.kill_manager(&primary),
             Fault::StopPrimaryNode => {
                 let node_name = node_of(&self.ns, &primary);
                 let sharing = instance_addresses(&self.ns, CLUSTER)
@@ -214,11 +232,7 @@ impl Suite {
                     || self.diagnostics(),
                 );
             }
-            Fault::KillReplica => {
-                let replica = self.replica();
-                let pid = instance_manager_pid(&self.ns, &replica).expect("the replica's manager");
-                signal(pid, "KILL");
-            }
+            Fault::KillReplica => self.kill_manager(&self.replica()),
         }
         self.writer
             .wait_for_write_after(Instant::now(), Duration::from_secs(120))

@@ -353,11 +353,26 @@ pub async fn missing_on(
     acknowledged: &BTreeSet<i64>,
     patience: Duration,
 ) -> Vec<i64> {
+    read_missing(namespace, cluster, host, acknowledged, patience)
+        .await
+        .unwrap_or_else(|_| acknowledged.iter().copied().collect())
+}
+
+/// The acknowledged ids the instance at `host` does not have once `patience` has
+/// passed (or as soon as it has them all); an error when it could not be read at all
+/// meanwhile.
+pub async fn read_missing(
+    namespace: &str,
+    cluster: &str,
+    host: &str,
+    acknowledged: &BTreeSet<i64>,
+    patience: Duration,
+) -> Result<Vec<i64>, String> {
     let password = secret_value(namespace, &format!("{cluster}-app"), "password");
     let ids: Vec<i64> = acknowledged.iter().copied().collect();
     let deadline = Instant::now() + patience;
     loop {
-        let found: Option<Vec<i64>> = async {
+        let found: Result<Vec<i64>, String> = async {
             let mut conn = PgConnectOptions::new()
                 .host(host)
                 .port(5432)
@@ -366,29 +381,38 @@ pub async fn missing_on(
                 .database("shop")
                 .connect()
                 .await
-                .ok()?;
+                .map_err(|e| format!("connecting to {host}: {e}"))?;
             sqlx::query_scalar("select id from ledger where id = any($1)")
                 .bind(&ids)
                 .fetch_all(&mut conn)
                 .await
-                .ok()
+                .map_err(|e| format!("reading the ledger on {host}: {e}"))
         }
         .await;
-        let missing: Vec<i64> = match found {
-            Some(found) => {
-                let found: BTreeSet<i64> = found.into_iter().collect();
-                ids.iter()
-                    .filter(|id| !found.contains(id))
-                    .copied()
-                    .collect()
-            }
-            None => ids.clone(),
-        };
-        if missing.is_empty() || Instant::now() > deadline {
+        let missing = found.map(|found| {
+            let found: BTreeSet<i64> = found.into_iter().collect();
+            ids.iter()
+                .filter(|id| !found.contains(id))
+                .copied()
+                .collect::<Vec<i64>>()
+        });
+        if missing.as_ref().is_ok_and(Vec::is_empty) || Instant::now() > deadline {
             return missing;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// How often the kubelet has restarted the pod's container.
+pub fn restarts(namespace: &str, pod: &str) -> u64 {
+    super::cluster::jsonpath(
+        "pod",
+        pod,
+        namespace,
+        "{.status.containerStatuses[0].restartCount}",
+    )
+    .parse()
+    .unwrap_or(0)
 }
 
 /// The instances and their reported roles, from status.
