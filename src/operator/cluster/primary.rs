@@ -14,7 +14,6 @@ use super::state::*;
 use crate::instance_api::{LeaseGrant, RunningRole};
 use crate::operator::replica::{Command, InstanceView};
 
-use super::quorum::durability_required;
 use super::switchover::{advance_switchover, start_switchover};
 
 /// The instances `castellan.io/fenced-instances` names (every member for `"*"`).

@@ -5,23 +5,10 @@
 use std::collections::BTreeSet;
 
 use castellan_crds::DatabaseCluster;
-use castellan_crds::database_cluster::DataDurability;
 
 use super::failover::Quorum;
 use super::state::*;
 use crate::operator::build;
-
-/// Whether acknowledged commits must never be lost: `sync` with `required` durability.
-pub(super) fn durability_required(cluster: &DatabaseCluster) -> bool {
-    build::synchronous(cluster)
-        && cluster
-            .spec
-            .replication
-            .as_ref()
-            .and_then(|r| r.data_durability)
-            .unwrap_or_default()
-            == DataDurability::Required
-}
 
 /// The standbys the primary's quorum should name, among those that stay: the streaming
 /// ones; with `required` durability also those it names already, so that a standby

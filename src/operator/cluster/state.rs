@@ -258,6 +258,18 @@ pub enum ClusterEffect {
     },
 }
 
+/// Whether acknowledged commits must never be lost: `sync` with `required` durability.
+pub(super) fn durability_required(cluster: &DatabaseCluster) -> bool {
+    crate::operator::build::synchronous(cluster)
+        && cluster
+            .spec
+            .replication
+            .as_ref()
+            .and_then(|r| r.data_durability)
+            .unwrap_or_default()
+            == castellan_crds::database_cluster::DataDurability::Required
+}
+
 pub(super) fn desired_count(cluster: &DatabaseCluster) -> u32 {
     u32::try_from(cluster.spec.replicas.max(1)).unwrap_or(1)
 }
@@ -322,7 +334,7 @@ impl ClusterState {
         let synchronous_standby_names = self
             .cluster
             .as_deref()
-            .filter(|cluster| super::quorum::durability_required(cluster))
+            .filter(|cluster| durability_required(cluster))
             .map(|cluster| {
                 let desired = desired_count(cluster);
                 let staying: Vec<String> = slots
