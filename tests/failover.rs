@@ -285,10 +285,37 @@ impl Random {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn no_acknowledged_write_is_lost_through_faults() {
+    // The random sequence, drawn first: each deleted volume is replaced by a new claim
+    // that needs a free volume on some node, and the static volumes here are not reused.
+    let seed: u64 = std::env::var("CASTELLAN_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64 | 1)
+                .unwrap_or(88172645463325252)
+        });
+    // `CASTELLAN_FAULT_COUNT` makes it longer or shorter.
+    let count: usize = std::env::var("CASTELLAN_FAULT_COUNT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    println!("CASTELLAN_FAULT_SEED={seed} (the random sequence comes last)");
+    let mut random = Random(seed);
+    let sequence: Vec<Fault> = (0..count).map(|_| ALL[random.next(ALL.len())]).collect();
+    let deletions = 1 + sequence
+        .iter()
+        .filter(|f| **f == Fault::DeletePrimaryVolume)
+        .count();
+
     let client = client().await;
     let namespace = TestNamespace::create(&client, "ha").await;
     let ns = namespace.name.clone();
-    let volumes = LocalVolumes::create("ha-local", 2);
+    // One volume per instance and per deletion on every node (the replacement may land
+    // on any of them), and one more for the drain's move.
+    let per_node = u32::try_from(2 + deletions).unwrap_or(u32::MAX);
+    let volumes = LocalVolumes::create("ha-local", per_node);
     let mut operators = vec![
         Operator::start(&ns, OPERATORS[0]),
         Operator::start(&ns, OPERATORS[1]),
@@ -404,25 +431,10 @@ async fn no_acknowledged_write_is_lost_through_faults() {
     );
     operators.push(Operator::start(&ns, OPERATORS[leader]));
 
-    // A seeded random sequence.
-    let seed: u64 = std::env::var("CASTELLAN_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64 | 1)
-                .unwrap_or(88172645463325252)
-        });
+    // The seeded random sequence.
     println!("random fault sequence: CASTELLAN_FAULT_SEED={seed}");
-    // `CASTELLAN_FAULT_COUNT` makes it longer or shorter.
-    let count: usize = std::env::var("CASTELLAN_FAULT_COUNT")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
-    let mut random = Random(seed);
-    for n in 1..=count {
-        let fault = ALL[random.next(ALL.len())];
+    for (n, fault) in sequence.into_iter().enumerate() {
+        let n = n + 1;
         println!("random fault {n}/{count}: {fault:?} (seed {seed})");
         suite.inject(fault).await;
     }
