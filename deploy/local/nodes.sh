@@ -17,7 +17,9 @@
 #   CARGO_TARGET_DIR     where cargo builds (default: /var/cache/castellan/target)
 # Kubelet ports follow the API server's port: its port base + 100 + the node's index;
 # pod addresses follow it too (network.sh).
-set -euo pipefail
+set -Eeuo pipefail
+# A command that fails under set -e says which, instead of ending the script silently.
+trap 'echo "nodes: error: line $LINENO: $BASH_COMMAND exited with $?" >&2' ERR
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 dev="${CASTELLAN_DEV_DIR:-$repo/.dev}"
@@ -141,7 +143,9 @@ kill_recorded() { # state-dir
   for record in "$1"/processes/*; do
     [[ -f "$record" ]] || continue
     pid="$(basename "$record")"
-    recorded="$(cut -d' ' -f1 < "$record")"
+    # The record may go between the test and the read (its container exited): under
+    # set -e a failed read here ended `nodes.sh stop` silently with status 1.
+    recorded="$({ cut -d' ' -f1 < "$record"; } 2>/dev/null || true)"
     now="$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f20 || true)"
     if [[ "$pid" -gt 1 && -n "$now" && "$now" == "$recorded" ]]; then kill -KILL -- "-$pid" 2>/dev/null || true; fi
     rm -f "$record"
