@@ -17,8 +17,8 @@
 #   CARGO_TARGET_DIR     where cargo builds (default: /var/cache/castellan/target)
 # Kubelet ports follow the API server's port: its port base + 100 + the node's index;
 # pod addresses follow it too (network.sh).
-set -Eeuo pipefail
-# A command that fails under set -e says which, instead of ending the script silently.
+set -euo pipefail
+# A command that ends the script under set -e says which, instead of exiting silently.
 trap 'echo "nodes: error: line $LINENO: $BASH_COMMAND exited with $?" >&2' ERR
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

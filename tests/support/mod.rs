@@ -39,10 +39,12 @@ pub async fn client() -> Client {
     Client::try_from(config).expect("building a client for the test cluster")
 }
 
-/// The repository root (the tests' working directory is the package root, which is
-/// the repository root for this package).
+/// The repository root (the package root, which is the repository root for this
+/// package). Read when the test runs, not when it was compiled: a test binary from a
+/// shared build cache may have been compiled in another checkout.
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
 /// Runs kubectl (the one `make up` built, at the control plane's version) against the

@@ -116,7 +116,11 @@ impl Cluster {
 
     /// Runs a `deploy/local/nodes.sh` command; whether it succeeded.
     pub fn try_nodes_script(&self, args: &[&str]) -> bool {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../local/nodes.sh");
+        // The package root when the test runs (cargo sets it), not when it was compiled:
+        // a test binary from a shared build cache may come from another checkout.
+        let package = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+        let script = package.join("../local/nodes.sh");
         Command::new(&script)
             .args(args)
             .env("CASTELLAN_DEV_DIR", &self.dev_dir)
