@@ -93,13 +93,13 @@ pub(super) fn supervise_primary(
     };
     let fenced = fenced_instances(&cluster, &state.members);
     let view = state.views.get(&primary).cloned();
-    // A view of the primary asked for before its last command finished (its promotion,
-    // say) shows it as it was, a replica: no failover is decided on it.
-    if observed == primary
-        && view
-            .as_ref()
-            .is_some_and(|v| state.settled_at.get(&primary).is_some_and(|at| v.at <= *at))
-    {
+    // The primary's latest view asked for before its last command finished (its
+    // promotion, say) shows it as it was, a replica: no failover is decided on it,
+    // whoever's view arrived now, until a view of the primary asked for afterwards.
+    let stale = view
+        .as_ref()
+        .is_some_and(|v| state.settled_at.get(&primary).is_some_and(|at| v.at <= *at));
+    if stale && observed == primary {
         return;
     }
 
@@ -172,6 +172,9 @@ pub(super) fn supervise_primary(
         return;
     }
     if state.failover.is_none() {
+        if stale {
+            return;
+        }
         let Some((reason, at_once)) = unavailability(state, &primary) else {
             return;
         };
@@ -552,6 +555,11 @@ mod tests {
         let (state, effects) = step(idle(state), ClusterEvent::Observed(before));
         assert!(state.failover.is_none(), "{effects:?}");
         assert!(!notes(&effects).contains(&"FailingOver"));
+        // Nor on another instance's view arriving meanwhile: db-3's latest view is
+        // still the one from before.
+        let other = at_lsn(view("db-2", &[]), 8, "0/5000000");
+        let (state, effects) = step(idle(state), ClusterEvent::Observed(other));
+        assert!(state.failover.is_none(), "{effects:?}");
         // One asked for afterwards is believed: a primary that runs as a replica is
         // failed over at once.
         let after = InstanceView {
