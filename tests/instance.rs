@@ -344,6 +344,32 @@ impl Instance {
         LeaseKeeper(stop)
     }
 
+    /// A former primary that came back: waits until it holds primary data and runs no
+    /// server for want of a lease, demotes it, and waits until it serves as a replica.
+    async fn demote_former_primary(&self) -> Value {
+        eventually(
+            "the former primary waits for a lease",
+            Duration::from_secs(30),
+            || async {
+                let (_, status) = self.get("/status");
+                if status["role"] == "primary"
+                    && status["ready"] == false
+                    && status.get("server").is_none()
+                {
+                    Ok(())
+                } else {
+                    Err(status.to_string())
+                }
+            },
+        )
+        .await;
+        let (code, demoted) = self.post("/demote", "{}");
+        assert_eq!(code, 200, "{demoted}");
+        let body = self.wait_ready(Duration::from_secs(60));
+        assert_eq!(body["role"], "replica", "{body}");
+        body
+    }
+
     /// Waits for the readiness probe to pass, then returns the instance's status.
     fn wait_ready(&self, timeout: Duration) -> Value {
         let deadline = Instant::now() + timeout;
@@ -695,26 +721,7 @@ async fn primary_and_replica_stream_report_and_promote() {
         Some("127.0.50.2"),
         r#"{"work_mem": "8MB", "max_connections": "150"}"#,
     );
-    eventually(
-        "the former primary waits for a lease",
-        Duration::from_secs(30),
-        || async {
-            let (_, status) = rejoined.get("/status");
-            if status["role"] == "primary"
-                && status["ready"] == false
-                && status.get("server").is_none()
-            {
-                Ok(())
-            } else {
-                Err(status.to_string())
-            }
-        },
-    )
-    .await;
-    let (code, demoted) = rejoined.post("/demote", "{}");
-    assert_eq!(code, 200, "{demoted}");
-    let body = rejoined.wait_ready(Duration::from_secs(60));
-    assert_eq!(body["role"], "replica", "{body}");
+    rejoined.demote_former_primary().await;
     assert!(
         rejoined.log().contains("pg_rewind finished"),
         "{}",
@@ -1067,23 +1074,7 @@ async fn a_former_primary_forked_on_the_same_timeline_is_copied_afresh() {
     assert!(loser.terminate().success(), "{}", loser.log());
     drop(loser);
     let rejoined = Instance::start(&scratch, "fk-3", "127.0.54.3", Some("127.0.54.2"));
-    eventually(
-        "the former primary waits for a lease",
-        Duration::from_secs(30),
-        || async {
-            let (_, status) = rejoined.get("/status");
-            if status["role"] == "primary" && status.get("server").is_none() {
-                Ok(())
-            } else {
-                Err(status.to_string())
-            }
-        },
-    )
-    .await;
-    let (code, demoted) = rejoined.post("/demote", "{}");
-    assert_eq!(code, 200, "{demoted}");
-    let body = rejoined.wait_ready(Duration::from_secs(60));
-    assert_eq!(body["role"], "replica", "{body}");
+    rejoined.demote_former_primary().await;
     assert!(
         rejoined
             .log()

@@ -194,7 +194,8 @@ pub async fn base_backup(
     include_castellan_conf(data_dir).await
 }
 
-async fn clear_dir(dir: &Path) -> Result<(), BootstrapError> {
+/// Empties a directory, keeping the directory itself (its owner and mode).
+pub async fn clear_dir(dir: &Path) -> Result<(), BootstrapError> {
     let mut entries = tokio::fs::read_dir(dir).await.map_err(io("listing", dir))?;
     while let Some(entry) = entries.next_entry().await.map_err(io("listing", dir))? {
         let path = entry.path();
@@ -352,12 +353,6 @@ fn superuser_connection(upstream: &Upstream) -> String {
         "host={} port={} user=postgres dbname=postgres sslmode=disable",
         upstream.host, upstream.port
     )
-}
-
-/// Empties a data directory whose contents can only be replaced: a former primary
-/// whose history forked from the current primary's on the same timeline.
-pub async fn discard(data_dir: &Path) -> Result<(), BootstrapError> {
-    clear_dir(data_dir).await
 }
 
 /// Rewinds a former primary onto the new primary's timeline so it can follow it.

@@ -351,7 +351,7 @@ impl Instance {
                 "this former primary forked from the primary on the same timeline; \
                  discarding its data and copying the primary afresh"
             );
-            bootstrap::discard(data_dir)
+            bootstrap::clear_dir(data_dir)
                 .await
                 .with_context(|| format!("emptying {}", data_dir.display()))?;
             return self.clone_primary().await;
