@@ -118,6 +118,20 @@ struct Series {
     failovers: usize,
 }
 
+impl Series {
+    /// Seconds until a write worked again (min, median, max), and the median outage.
+    fn figures(&self) -> ((f64, f64, f64), f64) {
+        let write_again = spread(
+            self.samples
+                .iter()
+                .map(|s| seconds(s.write_again))
+                .collect(),
+        );
+        let (_, outage, _) = spread(self.samples.iter().map(|s| seconds(s.outage)).collect());
+        (write_again, outage)
+    }
+}
+
 /// An instance as status reports it.
 struct Reported {
     name: String,
@@ -540,14 +554,7 @@ fn report(all: &[Series], faults: usize) -> bool {
          | ------------: | ---: | ----------: | --------: | ------------- |"
     );
     for series in all {
-        let (min, median, max) = spread(
-            series
-                .samples
-                .iter()
-                .map(|s| seconds(s.write_again))
-                .collect(),
-        );
-        let (_, outage, _) = spread(series.samples.iter().map(|s| seconds(s.outage)).collect());
+        let ((min, median, max), outage) = series.figures();
         let lost: usize = series.samples.iter().map(|s| s.lost).sum();
         let (goal, ratio) = match series.fault.goal() {
             Some(goal) => (
@@ -592,14 +599,7 @@ fn report(all: &[Series], faults: usize) -> bool {
     }
     println!();
     for series in all {
-        let (_, median, _) = spread(
-            series
-                .samples
-                .iter()
-                .map(|s| seconds(s.write_again))
-                .collect(),
-        );
-        let (_, outage, _) = spread(series.samples.iter().map(|s| seconds(s.outage)).collect());
+        let ((_, median, _), outage) = series.figures();
         if let Some(goal) = series.fault.goal() {
             println!(
                 "{} {}: median {median:.2} s (goal {:.0} s: {:.2}); \
