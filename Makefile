@@ -73,8 +73,11 @@ bench-storage:
 	CASTELLAN_KUBECONFIG=$(DEV_DIR)/kubeconfig cargo bench --profile dev -p castellan --bench storage_hotplug
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
-# this target starts and always stops, whatever the outcome.
-test: check controlplane otel
+# this target starts and always stops, whatever the outcome. The lints and the Go
+# builds (control plane, OTLP receiver) run side by side: with empty caches they
+# overlap instead of adding up.
+test: deps
+	@$(MAKE) --no-print-directory -j3 check controlplane otel
 	cargo test $(PACKAGES) --lib --bins
 	@$(TEST_ENV) deploy/local/nodes.sh down >/dev/null 2>&1 || true
 	@$(TEST_ENV) deploy/local/cluster.sh down >/dev/null 2>&1 || true

@@ -233,15 +233,29 @@ pub fn phase_and_ready(namespace: &str, name: &str) -> String {
     )
 }
 
-/// The objects and Events of a namespace, and the operators' logs, for a failure
+/// The objects and Events of a namespace, the last lines of each pod's log (its
+/// instance manager's, for a database pod), and the operators' logs, for a failure
 /// message.
 pub fn describe(namespace: &str, operator_logs: &[PathBuf]) -> String {
+    let pods = kubectl(&["get", "pods", "-n", namespace, "-o", "name"]);
+    let pod_logs: Vec<String> = String::from_utf8_lossy(&pods.stdout)
+        .lines()
+        .map(|pod| {
+            let tail = kubectl(&["logs", "--tail=40", "-n", namespace, pod]);
+            format!(
+                "---- {pod} (last 40 lines)\n{}{}",
+                String::from_utf8_lossy(&tail.stdout),
+                String::from_utf8_lossy(&tail.stderr)
+            )
+        })
+        .collect();
     format!(
-        "{}\n{}\n{}",
+        "{}\n{}\n{}\n----\n{}",
         String::from_utf8_lossy(
             &kubectl(&["get", "dbc,pods,pvc,svc", "-n", namespace, "-o", "wide"]).stdout
         ),
         String::from_utf8_lossy(&kubectl(&["get", "events", "-n", namespace]).stdout),
+        pod_logs.join("\n"),
         Operator::logs(operator_logs)
     )
 }
