@@ -125,6 +125,9 @@ pub struct StatusReport {
     /// Why the server could not be asked, when it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// WAL archiving as the manager runs it.
+    #[serde(default)]
+    pub archive: ArchiveReport,
 }
 
 /// The server's state as the operator needs it.
@@ -241,6 +244,102 @@ pub struct ReloadRequest {
     /// that nothing uses are dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<Vec<String>>,
+    /// Where completed WAL segments go (every instance archives: see
+    /// `docs/backups.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveConfig>,
+}
+
+/// The object store WAL is archived to, with the credentials to reach it. It travels
+/// only inside the operator's mutually authenticated TLS connection and is held in the
+/// manager's memory, never written to the volume.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveTarget {
+    /// `http(s)://host:port` of the S3 API.
+    pub endpoint: String,
+    pub bucket: String,
+    /// Prefix of this cluster's objects in the bucket (no leading or trailing `/`).
+    pub prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl fmt::Debug for ArchiveTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ArchiveTarget")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Archiving on (to `target`) or off (`target` absent: completed segments are let go,
+/// as without `spec.backup`). `fingerprint` names the setting, so that the operator can
+/// tell from a status report whether an instance has the one it wants without the
+/// report carrying credentials.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveConfig {
+    pub fingerprint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<ArchiveTarget>,
+}
+
+impl ArchiveConfig {
+    /// The setting for `target`, with its fingerprint: a SHA-256 of all of it,
+    /// credentials included (a rotated key is a new setting), cut to 16 hex digits.
+    pub fn new(target: Option<ArchiveTarget>) -> Self {
+        let fingerprint = match &target {
+            None => "off".to_owned(),
+            Some(target) => {
+                let bytes = serde_json::to_vec(target).unwrap_or_default();
+                let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+                digest.as_ref()[..8]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            }
+        };
+        Self {
+            fingerprint,
+            target,
+        }
+    }
+}
+
+/// What an instance's archiving has done since the manager was given its setting.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveReport {
+    /// The fingerprint of the setting in force; absent until the operator sent one
+    /// (until then PostgreSQL keeps every completed segment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// The newest WAL file this instance archived, or found already archived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_ms: Option<u64>,
+    /// The last failure, with what was being archived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_ms: Option<u64>,
+    /// Completed WAL files waiting to be archived (`pg_wal/archive_status/*.ready`).
+    #[serde(default)]
+    pub waiting: u32,
+}
+
+impl ArchiveReport {
+    /// Archiving is failing: the last attempt failed.
+    pub fn failing(&self) -> bool {
+        self.last_failed_ms.is_some() && self.last_failed_ms > self.last_archived_ms
+    }
 }
 
 /// `POST /reload`'s answer.

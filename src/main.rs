@@ -41,6 +41,15 @@ enum Command {
     Instance(Box<instance::InstanceArgs>),
     /// Make Castellan's CA and issue its certificates as files (tests, debugging).
     Pki(pki::cli::PkiArgs),
+    /// PostgreSQL's `archive_command`: hand a completed WAL file to the instance
+    /// manager, which stores it in the object store; exits 0 only once it is stored.
+    WalArchive {
+        /// The instance manager's archive socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The file, as PostgreSQL names it (`%p`: relative to the data directory).
+        file: PathBuf,
+    },
 }
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -61,6 +70,11 @@ fn main() -> anyhow::Result<()> {
                 .block_on(operator::run(args))
         }
         Command::Pki(args) => pki::cli::run(args),
+        Command::WalArchive { socket, file } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?
+            .block_on(instance::archive::request(&socket, &file)),
         Command::Crds { out_dir } => write_crds(out_dir),
         Command::Version => {
             println!(

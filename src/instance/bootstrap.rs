@@ -308,6 +308,15 @@ pub async fn checkpoint_timeline(
     )
 }
 
+/// The cluster's system identifier: the same on every instance of one cluster (base
+/// backups copy it), different for every initdb.
+pub async fn system_identifier(
+    binaries: &Binaries,
+    data_dir: &Path,
+) -> Result<Option<String>, BootstrapError> {
+    control_value(binaries, data_dir, "Database system identifier:").await
+}
+
 /// One line of `pg_controldata`'s report, by its label.
 async fn control_value(
     binaries: &Binaries,

@@ -49,6 +49,8 @@ pub struct Settings<'a> {
     /// that is gone can never fill the primary's volume (the operator derives it from
     /// the volume's size).
     pub max_slot_wal_keep_size: &'a str,
+    /// `archive_command`: hands each completed WAL file to the instance manager.
+    pub archive_command: &'a str,
 }
 
 /// Quotes a value for postgresql.conf: single quotes, with `'` doubled.
@@ -72,7 +74,7 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         let _ = writeln!(conf, "{name} = {}", quote(value));
     }
     let socket_dir = settings.socket_dir.to_string_lossy();
-    let owned: [(&str, String); 15] = [
+    let owned: [(&str, String); 17] = [
         ("listen_addresses", quote(settings.listen_address)),
         ("port", settings.port.to_string()),
         ("unix_socket_directories", quote(&socket_dir)),
@@ -85,6 +87,11 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         // checksums, which initdb enables, imply it; this covers restored clusters).
         ("wal_log_hints", quote("on")),
         ("wal_keep_size", quote("128MB")),
+        // Every instance archives (the manager skips what is already stored), so that a
+        // promoted replica has archived everything it received: no gap after a
+        // failover. With no object store the manager lets the files go.
+        ("archive_mode", quote("always")),
+        ("archive_command", quote(settings.archive_command)),
         (
             "max_slot_wal_keep_size",
             quote(settings.max_slot_wal_keep_size),
@@ -170,6 +177,7 @@ mod tests {
             synchronous_standby_names: "ANY 1 (\"orders-1\", \"orders-3\")",
             parameters,
             max_slot_wal_keep_size: "256MB",
+            archive_command: "'/bin/castellan' wal-archive --socket '/run/a.sock' %p",
         }
     }
 
@@ -185,6 +193,10 @@ mod tests {
         );
         assert!(!conf.contains("primary_conninfo"));
         assert!(conf.contains("max_slot_wal_keep_size = '256MB'\n"));
+        assert!(conf.contains("archive_mode = 'always'\n"));
+        assert!(conf.contains(
+            "archive_command = '''/bin/castellan'' wal-archive --socket ''/run/a.sock'' %p'\n"
+        ));
     }
 
     #[test]

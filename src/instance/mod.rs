@@ -22,6 +22,7 @@
 //! the new primary after a failover, never started empty.
 
 mod api;
+pub mod archive;
 mod bootstrap;
 mod config;
 mod database;
@@ -175,6 +176,13 @@ pub struct Shared {
     /// healthy primary lose it.
     pub lease: watch::Sender<Option<Instant>>,
     pub requests: mpsc::Sender<(Request, Reply)>,
+    /// Where WAL is archived, as the operator last said (`POST /reload`); the archive
+    /// socket reads it.
+    pub archive: watch::Sender<archive::Setting>,
+    /// What archiving did since that setting.
+    pub archive_report: Arc<std::sync::Mutex<crate::instance_api::ArchiveReport>>,
+    /// `pg_wal`, to count the files waiting to be archived.
+    pub wal_dir: PathBuf,
 }
 
 impl Shared {
@@ -254,6 +262,18 @@ impl Instance {
             .join("castellan.fenced")
     }
 
+    /// `archive_command`: this binary's `wal-archive`, which hands the file to this
+    /// manager (`archive`).
+    fn archive_command(&self) -> String {
+        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("castellan"));
+        let socket = self.socket_dir.join(archive::SOCKET);
+        format!(
+            "{} wal-archive --socket {} %p",
+            shell_quote(&exe.to_string_lossy()),
+            shell_quote(&socket.to_string_lossy())
+        )
+    }
+
     fn holds(&self) -> Holds {
         let data_dir = &self.args.data_dir;
         if !bootstrap::initialised(data_dir) {
@@ -277,6 +297,7 @@ impl Instance {
             synchronous_standby_names: sync_names,
             parameters,
             max_slot_wal_keep_size: &self.args.max_slot_wal_keep_size,
+            archive_command: &self.archive_command(),
         })
     }
 
@@ -789,6 +810,11 @@ impl Supervisor {
     }
 }
 
+/// Quotes a word for the shell PostgreSQL runs `archive_command` with.
+fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
 fn to_json(value: impl serde::Serialize) -> serde_json::Value {
     serde_json::to_value(value).unwrap_or_default()
 }
@@ -840,6 +866,9 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         published,
         lease: watch::Sender::new(None),
         requests: requests_tx,
+        archive: watch::Sender::new(archive::Setting::Unknown),
+        archive_report: Arc::default(),
+        wal_dir: instance.args.data_dir.join("pg_wal"),
     });
 
     // The API serves before the server starts: a primary waits for its lease through it,
@@ -867,6 +896,22 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     tokio::spawn(api::serve_probes(probe_listener, shared.clone()));
     tokio::spawn(heartbeat(shared.clone()));
     tokio::spawn(watch_upstream(shared.clone()));
+    // archive_command's way in: a socket in the directory only this instance's user
+    // may enter.
+    let archive_socket = socket_dir.join(archive::SOCKET);
+    let _ = tokio::fs::remove_file(&archive_socket).await;
+    let archive_listener = tokio::net::UnixListener::bind(&archive_socket)
+        .with_context(|| format!("listening on {}", archive_socket.display()))?;
+    tokio::spawn(archive::serve(
+        archive_listener,
+        Arc::new(archive::Context {
+            data_dir: instance.args.data_dir.clone(),
+            binaries: instance.binaries.clone(),
+            setting: shared.archive.subscribe(),
+            published: shared.published.clone(),
+            report: shared.archive_report.clone(),
+        }),
+    ));
 
     let fenced = instance.fence_marker().exists();
     let (role, problem) = match instance.holds() {

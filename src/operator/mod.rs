@@ -19,6 +19,7 @@ mod context;
 mod endpoints;
 mod instance_client;
 mod leader;
+mod object_store;
 mod reconcile;
 mod replica;
 mod root;

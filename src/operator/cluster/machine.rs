@@ -28,6 +28,7 @@ use castellan_actors::StateMachine;
 use castellan_crds::DatabaseCluster;
 use serde_json::Value;
 
+use super::archiving::{archive_assessment, archiving_changed, wanted_archive};
 use super::primary::{fenced_instances, finish_promotion, primary_assessment, supervise_primary};
 use super::quorum::{quorum_standbys, synchronous_assessment, synchronous_changed};
 use super::state::*;
@@ -100,6 +101,9 @@ impl StateMachine for ClusterMachine {
                     state.ready = Some(found.ready);
                 }
                 state.members = found.members;
+                if let Some(archive) = found.archive {
+                    state.archive = Some(archive);
+                }
                 if state.primary.is_none() {
                     state.primary = state
                         .members
@@ -159,7 +163,9 @@ impl StateMachine for ClusterMachine {
                 let before = roles(&state);
                 supervise_primary(&mut state, &mut effects, &name);
                 let primary_changed = before != roles(&state);
-                if synchronous_changed(&mut state, &mut effects) || changed || primary_changed {
+                let synchronous = synchronous_changed(&mut state, &mut effects);
+                let archiving = archiving_changed(&mut state, &mut effects);
+                if synchronous || archiving || changed || primary_changed {
                     converge(&mut state, &mut effects);
                 }
                 plan_commands(&mut state, &mut effects);
@@ -302,6 +308,7 @@ pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect
             }),
         primary_condition: primary_assessment(state),
         synchronous_condition: synchronous_assessment(state, &cluster),
+        archive_condition: archive_assessment(state),
         cluster,
     }));
 }
@@ -368,6 +375,10 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
             continue;
         }
         let parameters_differ = view.parameters.as_ref() != Some(wanted);
+        // The archive setting goes along only to an instance that lacks it.
+        let archive = wanted_archive(state)
+            .filter(|a| view.archive.fingerprint.as_deref() != Some(a.fingerprint.as_str()))
+            .cloned();
         let is_primary = primary_name.as_deref() == Some(name.as_str());
         if is_primary && view.serving_as_primary() && state.failover.is_none() {
             let staying = quorum_standbys(state, &cluster);
@@ -378,23 +389,29 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                 .filter(|member| *member != name)
                 .cloned()
                 .collect();
-            if parameters_differ || view.sync_names != sync_names || slots_differ(view, &slots) {
+            if parameters_differ
+                || archive.is_some()
+                || view.sync_names != sync_names
+                || slots_differ(view, &slots)
+            {
                 planned.push((
                     name.clone(),
                     Command::Reload {
                         parameters: wanted.clone(),
                         sync_names: Some(sync_names),
                         slots: Some(slots),
+                        archive,
                     },
                 ));
             }
-        } else if parameters_differ && !is_primary {
+        } else if (parameters_differ || archive.is_some()) && !is_primary {
             planned.push((
                 name.clone(),
                 Command::Reload {
                     parameters: wanted.clone(),
                     sync_names: None,
                     slots: None,
+                    archive,
                 },
             ));
         }
@@ -482,6 +499,7 @@ mod tests {
         let found = Converged {
             members: members(1),
             ready: false,
+            archive: None,
         };
         let (state, effects) = step(state, ClusterEvent::Converged(Ok(found)));
         assert!(state.converging && !state.again);
@@ -498,6 +516,7 @@ mod tests {
         let found = Converged {
             members: members(2),
             ready: true,
+            archive: None,
         };
         let (state, effects) = step(state, ClusterEvent::Converged(Ok(found.clone())));
         assert!(!state.converging);
@@ -530,6 +549,7 @@ mod tests {
         let found = Converged {
             members: members(2),
             ready: false,
+            archive: None,
         };
         let (_, effects) = step(state, ClusterEvent::Converged(Ok(found)));
         assert_eq!(notes(&effects), vec!["InstancesNotReady"]);
@@ -577,6 +597,7 @@ mod tests {
         let found = Converged {
             members: members(1),
             ready: true,
+            archive: None,
         };
         let (state, effects) = step(state, ClusterEvent::Converged(Ok(found)));
         assert_eq!(notes(&effects), vec!["Recovered", "ClusterReady"]);
@@ -635,7 +656,8 @@ mod tests {
                     Command::Reload {
                         parameters: wanted.clone(),
                         sync_names: Some("ANY 1 (\"db-2\")".into()),
-                        slots: Some(vec!["db-2".into()])
+                        slots: Some(vec!["db-2".into()]),
+                        archive: None,
                     }
                 ),
                 (
@@ -643,7 +665,8 @@ mod tests {
                     Command::Reload {
                         parameters: wanted,
                         sync_names: None,
-                        slots: None
+                        slots: None,
+                        archive: None,
                     }
                 ),
             ]
@@ -684,7 +707,8 @@ mod tests {
                 Command::Reload {
                     parameters: BTreeMap::new(),
                     sync_names: Some("ANY 1 (\"db-2\")".into()),
-                    slots: Some(vec!["db-2".into()])
+                    slots: Some(vec!["db-2".into()]),
+                    archive: None,
                 }
             )]
         );
@@ -711,7 +735,8 @@ mod tests {
                 Command::Reload {
                     parameters: BTreeMap::new(),
                     sync_names: Some("ANY 1 (\"db-2\")".into()),
-                    slots: Some(vec!["db-2".into(), "db-3".into()])
+                    slots: Some(vec!["db-2".into(), "db-3".into()]),
+                    archive: None,
                 }
             )]
         );
@@ -860,6 +885,7 @@ mod tests {
         let found = Converged {
             members: members(1),
             ready: true,
+            archive: None,
         };
         let (state, _) = step(state, ClusterEvent::Converged(Ok(found)));
         assert!(!state.views.contains_key("db-2") && state.commands.is_empty());

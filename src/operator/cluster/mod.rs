@@ -8,6 +8,7 @@
 //! - `failover.rs` — whom to promote and when it is safe (the pure rules);
 //! - `switchover.rs` — switchover by request or drain;
 //! - `quorum.rs` — the synchronous quorum under `dataDurability`;
+//! - `archiving.rs` — the `ContinuousArchiving` condition and its Events;
 //! - `plan.rs` — what a pass should leave behind (role labels, instances to create and
 //!   remove, status, members), decided from the order and what the pass read;
 //!   `volumes.rs` decides its `VolumesBound` condition;
@@ -15,6 +16,7 @@
 //!   pods and nodes, and carries out the plan;
 //! - `shell.rs` — performs the machine's effects.
 
+mod archiving;
 mod failover;
 #[cfg(test)]
 mod fixtures;

@@ -252,7 +252,10 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     };
     let plan = plan::plan(order, &observed);
     enact(&plan, cluster, &upstream, context).await?;
-    Ok(plan.converged)
+    Ok(Converged {
+        archive: Some(crate::operator::object_store::archive_setting(client, cluster).await),
+        ..plan.converged
+    })
 }
 
 /// What the nodes of `pods` are known to be, from the operator's reflector of Nodes.

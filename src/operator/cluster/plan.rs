@@ -175,6 +175,12 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             .clone()
             .map(|a| condition(cluster, "SynchronousReplication", a, now)),
     )
+    .chain(
+        order
+            .archive_condition
+            .clone()
+            .map(|a| condition(cluster, "ContinuousArchiving", a, now)),
+    )
     .collect();
     let status = DatabaseClusterStatus {
         observed_generation: cluster.metadata.generation,
@@ -194,6 +200,7 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         converged: Converged {
             members: members(order, observed, primary, &create, &remove),
             ready: all_ready,
+            archive: None,
         },
         create,
         remove,
@@ -543,6 +550,7 @@ mod tests {
             failover: None,
             primary_condition: Assessment::new(true, "Available", "the primary serves"),
             synchronous_condition: None,
+            archive_condition: None,
         }
     }
 

@@ -10,7 +10,7 @@ use castellan_crds::DatabaseCluster;
 use serde_json::Value;
 
 use super::failover::Quorum;
-use crate::instance_api::{LeaseGrant, PromoteRequest};
+use crate::instance_api::{ArchiveConfig, LeaseGrant, PromoteRequest};
 use crate::operator::replica::{Command, InstanceView};
 
 /// Annotation naming the instances to fence: a JSON list of pod names, or `["*"]` for
@@ -41,11 +41,14 @@ pub struct Member {
 }
 
 /// What a successful pass found.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Converged {
     pub members: BTreeMap<String, Member>,
     /// Every desired instance exists and is ready.
     pub ready: bool,
+    /// The WAL archive setting the pass read (`spec.backup` and its credentials), or
+    /// why it could not; `None` when the pass did not read it.
+    pub archive: Option<Result<ArchiveConfig, String>>,
 }
 
 /// What a pass is asked to do.
@@ -68,6 +71,8 @@ pub struct ConvergeOrder {
     pub primary_condition: Assessment,
     /// With `mode: sync`: whether commits get the quorum they ask for.
     pub synchronous_condition: Option<Assessment>,
+    /// With `spec.backup`: whether WAL reaches the object store.
+    pub archive_condition: Option<Assessment>,
 }
 
 /// A condition's status, reason and message, decided by the machine.
@@ -210,6 +215,11 @@ pub struct ClusterState {
     pub split_brains: BTreeSet<String>,
     /// Whether the synchronous quorum was last found satisfied.
     pub synchronous_ok: Option<bool>,
+    /// The WAL archive setting every instance should have (from the last pass), or why
+    /// it could not be read.
+    pub archive: Option<Result<ArchiveConfig, String>>,
+    /// Whether archiving was last found working.
+    pub archiving_ok: Option<bool>,
     pub switchover: Option<Switchover>,
 }
 

@@ -11,7 +11,9 @@ use std::time::{Duration, SystemTime};
 use castellan_actors::StateMachine;
 use serde_json::Value;
 
-use crate::instance_api::{LeaseGrant, Lsn, PromoteRequest, RunningRole, StatusReport};
+use crate::instance_api::{
+    ArchiveConfig, ArchiveReport, LeaseGrant, Lsn, PromoteRequest, RunningRole, StatusReport,
+};
 
 /// How often an instance's status is read. It is also how often the primary's lease
 /// is renewed (`failover::LEASE_DURATION` is a few of these).
@@ -55,6 +57,8 @@ pub struct InstanceView {
     pub pending_restart: Vec<String>,
     /// Why it could not be read, when it could not.
     pub error: Option<String>,
+    /// What its WAL archiving has done.
+    pub archive: ArchiveReport,
 }
 
 impl Default for InstanceView {
@@ -79,6 +83,7 @@ impl Default for InstanceView {
             parameters: None,
             pending_restart: Vec::new(),
             error: None,
+            archive: ArchiveReport::default(),
         }
     }
 }
@@ -123,6 +128,7 @@ impl InstanceView {
             parameters: Some(report.parameters),
             pending_restart: server.pending_restart,
             error: report.error,
+            archive: report.archive,
         }
     }
 
@@ -151,6 +157,8 @@ pub enum Command {
         parameters: BTreeMap<String, String>,
         sync_names: Option<String>,
         slots: Option<Vec<String>>,
+        /// The WAL archive setting, when the instance does not have it yet.
+        archive: Option<ArchiveConfig>,
     },
     /// Restart PostgreSQL (for parameters that need it).
     Restart,
@@ -397,6 +405,7 @@ mod tests {
             parameters: BTreeMap::from([("work_mem".into(), "8MB".into())]),
             sync_names: None,
             slots: None,
+            archive: None,
         }
     }
 

@@ -120,11 +120,13 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                                 parameters,
                                 sync_names,
                                 slots,
+                                archive,
                             } => {
                                 let body = ReloadRequest {
                                     parameters: Some(parameters.clone()),
                                     synchronous_standby_names: sync_names.clone(),
                                     slots: slots.clone(),
+                                    archive: archive.clone(),
                                 };
                                 post("/reload", json!(body)).await
                             }
