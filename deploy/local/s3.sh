@@ -86,10 +86,18 @@ s3_curl() { # curl arguments... (the URL relative to the endpoint comes last)
 
 answers() { [[ "$(s3_curl -o /dev/null -w '%{http_code}' "" 2>/dev/null)" == 200 ]]; }
 
+# Whether a process exists and has not exited (a zombie has).
+alive() { # pid
+  [[ -r "/proc/$1/stat" ]] && [[ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]]
+}
+
 wait_until_answers() {
-  local deadline=$((SECONDS + 30))
+  local deadline=$((SECONDS + 30)) pid
+  pid="$(cat "$pids/$name")"
   until answers; do
-    if ! running; then
+    # Alive, not `running`: right after the fork, on a loaded machine, the process may
+    # not have become s3s-fs yet (its /proc/PID/exe is still bash).
+    if ! alive "$pid"; then
       tail -n 20 "$logs/$name.log" >&2 || true
       die "$name exited; its log is $logs/$name.log"
     fi
@@ -133,8 +141,11 @@ apply_secret() {
   local k=("$dev/bin/kubectl" --kubeconfig "$dev/kubeconfig")
   local keys
   keys="$(mktemp -d "$state/secret.XXXXXX")"
-  printf '%s' "$access_key_id" > "$keys/accessKeyId"
-  printf '%s' "$secret_access_key" > "$keys/secretAccessKey"
+  (
+    umask 077
+    printf '%s' "$access_key_id" > "$keys/accessKeyId"
+    printf '%s' "$secret_access_key" > "$keys/secretAccessKey"
+  )
   if ! "${k[@]}" create secret generic "$secret" --namespace "$namespace" \
       --from-file "accessKeyId=$keys/accessKeyId" --from-file "secretAccessKey=$keys/secretAccessKey" \
       --dry-run=client -o yaml \
