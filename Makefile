@@ -23,11 +23,12 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel build up down crds check test bench bench-storage bench-failover
+.PHONY: help deps controlplane otel s3 build up down crds check test bench bench-storage bench-failover
 
 help:
-	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), Castellan's operator and agent,"
-	@echo "            a disk per node, a StoragePool over them (the default StorageClass) and a 3-instance PostgreSQL cluster on it"
+	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
+	@echo "            castellan (.dev/s3.env, Secret castellan-s3), Castellan's operator and agent, a disk per node,"
+	@echo "            a StoragePool over them (the default StorageClass) and a 3-instance PostgreSQL cluster on it"
 	@echo "make down   stop it and remove its state"
 	@echo "make test   formatting, lints, unit and end-to-end tests"
 	@echo "make crds   regenerate crds/ from the Rust types"
@@ -45,11 +46,17 @@ controlplane: deps
 otel: deps
 	@deploy/otel/build.sh >/dev/null
 
+# The S3-compatible server for backups (s3s-fs, pinned in deploy/s3/build.sh).
+s3: deps
+	@deploy/s3/build.sh >/dev/null
+
 build: deps
 	cargo build --workspace --all-targets
 
-up: controlplane
+up: deps
+	@$(MAKE) --no-print-directory -j2 controlplane s3
 	@deploy/local/cluster.sh up
+	@deploy/local/s3.sh up
 	@deploy/local/nodes.sh up
 	@cargo build --quiet -p castellan
 	@deploy/local/agent.sh up
@@ -57,6 +64,7 @@ up: controlplane
 	@echo "KUBECONFIG=$(DEV_DIR)/kubeconfig $(DEV_DIR)/bin/kubectl get castellan"
 
 down:
+	@deploy/local/s3.sh down
 	@deploy/local/nodes.sh down
 	@deploy/local/cluster.sh down
 
@@ -73,16 +81,19 @@ bench-storage:
 	CASTELLAN_KUBECONFIG=$(DEV_DIR)/kubeconfig cargo bench --profile dev -p castellan --bench storage_hotplug
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
-# this target starts and always stops, whatever the outcome. The lints and the Go
-# builds (control plane, OTLP receiver) run side by side: with empty caches they
-# overlap instead of adding up.
+# this target starts and always stops, whatever the outcome. The lints and the builds of
+# the control plane, the OTLP receiver and the S3 server run side by side: with empty
+# caches they overlap instead of adding up. The S3 server's settings are in
+# $(TEST_DEV_DIR)/s3.env while the tests run.
 test: deps
-	@$(MAKE) --no-print-directory -j3 check controlplane otel
+	@$(MAKE) --no-print-directory -j4 check controlplane otel s3
 	cargo test $(PACKAGES) --lib --bins
+	@$(TEST_ENV) deploy/local/s3.sh down >/dev/null 2>&1 || true
 	@$(TEST_ENV) deploy/local/nodes.sh down >/dev/null 2>&1 || true
 	@$(TEST_ENV) deploy/local/cluster.sh down >/dev/null 2>&1 || true
-	@trap '$(TEST_ENV) deploy/local/nodes.sh down; $(TEST_ENV) deploy/local/cluster.sh down' EXIT; \
+	@trap '$(TEST_ENV) deploy/local/s3.sh down || true; $(TEST_ENV) deploy/local/nodes.sh down; $(TEST_ENV) deploy/local/cluster.sh down' EXIT; \
 	  $(TEST_ENV) deploy/local/cluster.sh up; \
+	  $(TEST_ENV) deploy/local/s3.sh up; \
 	  $(TEST_ENV) deploy/local/nodes.sh up; \
 	  CASTELLAN_KUBECONFIG=$(TEST_DEV_DIR)/kubeconfig cargo test $(PACKAGES) --test '*'
 

@@ -248,18 +248,19 @@ down() {
   local name
   for name in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done
   # Every control-plane process of this cluster names the state directory on its
-  # command line; one still alive after the stops above is a leak, and `down` says so
-  # loudly. (Shells that merely mention the directory, like make's, are not ours.)
+  # command line, and so does its S3 server (s3.sh, whose data this removes); one
+  # still alive after the stops above is a leak, and `down` says so loudly. (Shells that
+  # merely mention the directory, like make's, are not ours.)
   local pid left=""
   for pid in $(pgrep -f -- "$dev/" || true); do
     case "$(basename "$(readlink "/proc/$pid/exe" 2>/dev/null)")" in
-      etcd | kube-apiserver | kube-controller-manager | kube-scheduler)
+      etcd | kube-apiserver | kube-controller-manager | kube-scheduler | s3s-fs)
         left+="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"$'\n' ;;
     esac
   done
   if [[ -n "$left" ]]; then
     echo "$left" >&2
-    die "processes of the cluster in $dev are still running after down"
+    die "processes of the cluster in $dev are still running after down (deploy/local/s3.sh down stops the S3 server)"
   fi
   rm -rf "$dev"
   log "stopped; removed $dev"
