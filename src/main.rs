@@ -55,6 +55,10 @@ enum Command {
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn main() -> anyhow::Result<()> {
+    // The process' TLS provider, for clients that take it from the process (the S3
+    // client's reqwest): ring, as everything else here uses. It fails only when one is
+    // installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match Cli::parse().command {
         Command::Instance(args) => {
             let _telemetry = telemetry::init("castellan-instance");

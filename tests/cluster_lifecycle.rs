@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, connect_app, describe, instance_addresses, jsonpath,
-    phase_and_ready, wait_for, wait_orders,
+    LocalVolumes, Operator, apply_cluster, connect_app, describe, events, instance_addresses,
+    jsonpath, phase_and_ready, wait_for, wait_orders,
 };
 use support::{TestNamespace, client, kubectl, kubectl_ok};
 
@@ -40,19 +40,6 @@ fn pods(namespace: &str, name: &str) -> Vec<String> {
         .into_iter()
         .map(|(pod, _)| pod)
         .collect()
-}
-
-fn events(namespace: &str, reason: &str) -> String {
-    kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        &format!("reason={reason}"),
-        "-o",
-        "jsonpath={range .items[*]}{.note}{.message}{\"\\n\"}{end}",
-    ])
 }
 
 async fn setting(connection: &mut sqlx::PgConnection, name: &str) -> String {

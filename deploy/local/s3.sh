@@ -7,6 +7,8 @@
 #                 `castellan`; write <state>/s3.env; when the cluster is there
 #                 (<state>/kubeconfig), apply the Secret `castellan-s3` in `default`
 #   s3.sh down    stop it and remove its data, credentials, s3.env and the Secret
+#   s3.sh stop    stop the process only (an object store outage): data, credentials,
+#                 s3.env and the Secret stay, and `up` starts it again with them
 #   s3.sh status  exit 0 when it answers a signed request
 #
 # Environment:
@@ -186,7 +188,7 @@ up() {
   fi
 }
 
-down() {
+stop() {
   local pid
   if [[ -f "$pids/$name" ]]; then
     pid="$(cat "$pids/$name")"
@@ -199,6 +201,11 @@ down() {
     fi
     rm -f "$pids/$name"
   fi
+}
+
+down() {
+  local pid
+  stop
   # Like cluster.sh down: a server of this state directory still alive now is a leak
   # (its root, <state>/s3/data, is on its command line), said loudly.
   local left=""
@@ -230,6 +237,7 @@ status() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
+  stop) stop; log "stopped; its data and settings stay for the next up" ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|stop|status" >&2; exit 2 ;;
 esac

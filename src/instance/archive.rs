@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -159,6 +159,9 @@ pub fn s3_store(target: &ArchiveTarget) -> Result<object_store::aws::AmazonS3, A
         .with_secret_access_key(&target.secret_access_key)
         .with_allow_http(target.endpoint.starts_with("http://"))
         .with_virtual_hosted_style_request(false)
+        // `If-None-Match: *` on the write (object_store refuses PutMode::Create
+        // without it).
+        .with_conditional_put(S3ConditionalPut::ETagMatch)
         .build()
         .map_err(|source| ArchiveError::Client {
             endpoint: target.endpoint.clone(),
@@ -464,22 +467,26 @@ mod tests {
 
     #[test]
     fn segments_are_filed_by_timeline_and_log() {
-        assert_eq!(
-            wal_key("ns/shop", "7300000000000000001", "000000010000000000000003"),
-            "ns/shop/7300000000000000001/wals/0000000100000000/000000010000000000000003.zst"
-        );
-        assert_eq!(
-            wal_key("ns/shop", "73", "000000020000000100000003.partial"),
-            "ns/shop/73/wals/0000000200000001/000000020000000100000003.partial.zst"
-        );
-        assert_eq!(
-            wal_key("ns/shop", "73", "00000002.history"),
-            "ns/shop/73/wals/00000002.history.zst"
-        );
-        assert_eq!(
-            wal_key("", "73", "00000002.history"),
-            "73/wals/00000002.history.zst"
-        );
+        for (prefix, file, key) in [
+            (
+                "ns/shop",
+                "000000010000000000000003",
+                "ns/shop/73/wals/0000000100000000/000000010000000000000003.zst",
+            ),
+            (
+                "ns/shop",
+                "000000020000000100000003.partial",
+                "ns/shop/73/wals/0000000200000001/000000020000000100000003.partial.zst",
+            ),
+            (
+                "ns/shop",
+                "00000002.history",
+                "ns/shop/73/wals/00000002.history.zst",
+            ),
+            ("", "00000002.history", "73/wals/00000002.history.zst"),
+        ] {
+            assert_eq!(wal_key(prefix, "73", file), key);
+        }
     }
 
     #[test]

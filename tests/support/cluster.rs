@@ -223,6 +223,21 @@ pub fn wait_for(
     }
 }
 
+/// The messages of the Events with `reason` in `namespace`, one a line (an Event in the
+/// events.k8s.io form carries it as `note`).
+pub fn events(namespace: &str, reason: &str) -> String {
+    kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        &format!("reason={reason}"),
+        "-o",
+        "jsonpath={range .items[*]}{.note}{.message}{\"\\n\"}{end}",
+    ])
+}
+
 /// `phase/readyInstances` of a cluster, e.g. `Ready/3`.
 pub fn phase_and_ready(namespace: &str, name: &str) -> String {
     jsonpath(

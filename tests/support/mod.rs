@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod disks;
 pub mod faults;
 pub mod postgres;
+pub mod s3;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

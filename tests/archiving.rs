@@ -1,0 +1,249 @@
+//! Continuous WAL archiving to the local S3 server, end to end: a 2-instance cluster with
+//! `spec.backup` archives its completed segments (zstd, under
+//! `<namespace>/<cluster>/<system id>/wals/`); archiving goes on after a switchover (the
+//! new timeline's history file and segments) and an operator restart; with the S3
+//! server stopped the cluster says so (`ContinuousArchiving` False, a Warning) and keeps
+//! the waiting WAL, and catches up once the server is back.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sqlx::PgConnection;
+use support::cluster::{
+    LocalVolumes, Operator, apply_cluster, describe, events, instance_addresses, jsonpath,
+    phase_and_ready, secret_value, wait_for,
+};
+use support::faults::volume_path;
+use support::postgres::connect;
+use support::{TestNamespace, client, kubectl_ok, s3};
+
+const CLUSTER: &str = "shop";
+const OPERATOR: &str = "127.0.65.1:8080";
+const SEGMENT_SIZE: usize = 16 * 1024 * 1024;
+
+fn condition(namespace: &str, type_: &str) -> String {
+    jsonpath(
+        "dbc",
+        CLUSTER,
+        namespace,
+        &format!(
+            "{{.status.conditions[?(@.type==\"{type_}\")].status}}/{{.status.conditions[?(@.type==\"{type_}\")].reason}}"
+        ),
+    )
+}
+
+fn primary(namespace: &str) -> String {
+    jsonpath("dbc", CLUSTER, namespace, "{.status.currentPrimary}")
+}
+
+async fn superuser(namespace: &str, pod: &str) -> PgConnection {
+    let address = instance_addresses(namespace, CLUSTER)
+        .into_iter()
+        .find(|(name, _)| name == pod)
+        .map(|(_, ip)| ip)
+        .unwrap_or_else(|| panic!("{pod} has an address"));
+    let password = secret_value(namespace, &format!("{CLUSTER}-superuser"), "password");
+    connect(&address, "postgres", &password, "shop").await
+}
+
+/// Writes a little, then ends the current segment; returns its file name.
+async fn complete_a_segment(connection: &mut PgConnection) -> String {
+    sqlx::query("insert into orders (item) select 'widget' from generate_series(1, 100)")
+        .execute(&mut *connection)
+        .await
+        .expect("writing orders");
+    let name: String = sqlx::query_scalar("select pg_walfile_name(pg_current_wal_lsn())")
+        .fetch_one(&mut *connection)
+        .await
+        .expect("the current WAL file");
+    sqlx::query("select pg_switch_wal()")
+        .execute(&mut *connection)
+        .await
+        .expect("switching WAL");
+    name
+}
+
+async fn system_id(connection: &mut PgConnection) -> String {
+    sqlx::query_scalar::<_, i64>("select system_identifier from pg_control_system()")
+        .fetch_one(&mut *connection)
+        .await
+        .expect("the system identifier")
+        .to_string()
+}
+
+async fn wait_for_key(key: &str, what: &str, diagnostics: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let folder = key.rsplit_once('/').map_or(key, |(folder, _)| folder);
+    loop {
+        if s3::keys(folder).await.iter().any(|k| k == key) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {key} not in the object store within 60 s; there: {:?}\n{}",
+            s3::keys(folder).await,
+            diagnostics()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn segment_key(prefix: &str, file: &str) -> String {
+    format!("{prefix}/wals/{}/{file}.zst", &file[..16])
+}
+
+#[tokio::test]
+async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outage() {
+    let _client = client().await;
+    let namespace = TestNamespace::create(&_client, "archive").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create(&format!("{ns}-local"), 1);
+    let mut operator = Some(Operator::start(&ns, OPERATOR));
+    let logs: Vec<PathBuf> = operator.iter().map(|o| o.log.clone()).collect();
+    let diagnostics = || describe(&ns, &logs);
+
+    let env = s3::env();
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "s3",
+        "-n",
+        &ns,
+        &format!("--from-literal=accessKeyId={}", env["AWS_ACCESS_KEY_ID"]),
+        &format!(
+            "--from-literal=secretAccessKey={}",
+            env["AWS_SECRET_ACCESS_KEY"]
+        ),
+    ]);
+    apply_cluster(
+        &ns,
+        CLUSTER,
+        2,
+        &volumes.class,
+        &format!(
+            "  backup: {{endpoint: \"{}\", bucket: {}, credentials: {{secretName: s3}}}}\n",
+            env["S3_ENDPOINT"], env["S3_BUCKET"]
+        ),
+    );
+    wait_for(
+        "Ready/2 with archiving",
+        Duration::from_secs(120),
+        || {
+            phase_and_ready(&ns, CLUSTER) == "Ready/2"
+                && condition(&ns, "ContinuousArchiving") == "True/Archiving"
+        },
+        diagnostics,
+    );
+
+    // A completed segment appears under <namespace>/<cluster>/<system id>/wals/, whole.
+    let first = primary(&ns);
+    let mut connection = superuser(&ns, &first).await;
+    sqlx::query("create table if not exists orders (id bigserial primary key, item text)")
+        .execute(&mut connection)
+        .await
+        .expect("creating orders");
+    let prefix = format!("{ns}/{CLUSTER}/{}", system_id(&mut connection).await);
+    let file = complete_a_segment(&mut connection).await;
+    let key = segment_key(&prefix, &file);
+    wait_for_key(&key, "a completed segment", diagnostics).await;
+    assert_eq!(s3::wal_file(&key).await.len(), SEGMENT_SIZE, "{key} whole");
+
+    // Switchover: the new primary archives its timeline's history file and segments.
+    let target = format!("{CLUSTER}-2");
+    let target = if first == target {
+        format!("{CLUSTER}-1")
+    } else {
+        target
+    };
+    kubectl_ok(&[
+        "annotate",
+        "dbc",
+        CLUSTER,
+        "-n",
+        &ns,
+        &format!("castellan.io/switchover-to={target}"),
+    ]);
+    wait_for(
+        "the switchover",
+        Duration::from_secs(90),
+        || primary(&ns) == target && phase_and_ready(&ns, CLUSTER) == "Ready/2",
+        diagnostics,
+    );
+    let mut connection = superuser(&ns, &target).await;
+    let file = complete_a_segment(&mut connection).await;
+    assert!(
+        file.starts_with("00000002"),
+        "{file} is on the new timeline"
+    );
+    wait_for_key(
+        &format!("{prefix}/wals/00000002.history.zst"),
+        "the new timeline's history",
+        diagnostics,
+    )
+    .await;
+    wait_for_key(
+        &segment_key(&prefix, &file),
+        "a segment after the switchover",
+        diagnostics,
+    )
+    .await;
+
+    // The operator restarted: the instances keep archiving with the setting they have.
+    if let Some(old) = operator.take() {
+        old.terminate();
+    }
+    operator = Some(Operator::start(&ns, OPERATOR));
+    let file = complete_a_segment(&mut connection).await;
+    wait_for_key(
+        &segment_key(&prefix, &file),
+        "a segment after an operator restart",
+        diagnostics,
+    )
+    .await;
+
+    // The S3 server stopped: a condition and a Warning, and the WAL stays.
+    s3::server("stop");
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        waiting.push(complete_a_segment(&mut connection).await);
+    }
+    wait_for(
+        "ContinuousArchiving False with the S3 server down",
+        Duration::from_secs(60),
+        || condition(&ns, "ContinuousArchiving") == "False/ArchivingFailing",
+        diagnostics,
+    );
+    assert!(
+        !events(&ns, "ArchivingFailing").is_empty(),
+        "a Warning Event says so"
+    );
+    let pg_wal = volume_path(&ns, &target).join("pgdata/pg_wal");
+    for file in &waiting {
+        assert!(
+            pg_wal.join(file).exists(),
+            "{file} stays on the volume until it is archived"
+        );
+    }
+
+    // Back: it catches up and says so.
+    s3::server("up");
+    for file in &waiting {
+        wait_for_key(
+            &segment_key(&prefix, file),
+            "a segment that waited for the S3 server",
+            diagnostics,
+        )
+        .await;
+    }
+    wait_for(
+        "ContinuousArchiving True again",
+        Duration::from_secs(60),
+        || condition(&ns, "ContinuousArchiving") == "True/Archiving",
+        diagnostics,
+    );
+    assert!(!events(&ns, "ArchivingResumed").is_empty());
+    drop(operator);
+}

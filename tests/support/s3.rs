@@ -1,0 +1,90 @@
+//! The local S3 server `make test` and `make up` run (`deploy/local/s3.sh`): its address
+//! and keys from `<dev dir>/s3.env`, a client, and stopping and starting it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::kubeconfig_path;
+
+/// The dev directory of the cluster under test (where its kubeconfig is).
+fn dev_dir() -> PathBuf {
+    kubeconfig_path()
+        .parent()
+        .map(PathBuf::from)
+        .expect("the kubeconfig lies in the dev directory")
+}
+
+/// `S3_ENDPOINT`, `S3_BUCKET`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`.
+pub fn env() -> BTreeMap<String, String> {
+    let path = dev_dir().join("s3.env");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading {}: {e} (make test and make up start the S3 server: deploy/local/s3.sh up)",
+            path.display()
+        )
+    });
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim().trim_start_matches("export ");
+            let (key, value) = line.split_once('=')?;
+            Some((key.to_owned(), value.trim_matches('"').to_owned()))
+        })
+        .collect()
+}
+
+pub fn store() -> AmazonS3 {
+    // The S3 client's TLS takes the process' provider (unused over http://, but
+    // required to build the client).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let env = env();
+    AmazonS3Builder::new()
+        .with_endpoint(&env["S3_ENDPOINT"])
+        .with_bucket_name(&env["S3_BUCKET"])
+        .with_region(env.get("AWS_REGION").map_or("us-east-1", String::as_str))
+        .with_access_key_id(&env["AWS_ACCESS_KEY_ID"])
+        .with_secret_access_key(&env["AWS_SECRET_ACCESS_KEY"])
+        .with_allow_http(true)
+        .build()
+        .expect("an S3 client for the local server")
+}
+
+/// Every key under `prefix`.
+pub async fn keys(prefix: &str) -> Vec<String> {
+    let store = store();
+    let prefix = ObjectPath::from(prefix);
+    store
+        .list(Some(&prefix))
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .unwrap_or_default()
+}
+
+/// The object at `key`, decompressed (Castellan stores WAL with zstd).
+pub async fn wal_file(key: &str) -> Vec<u8> {
+    let bytes = store()
+        .get(&ObjectPath::from(key))
+        .await
+        .unwrap_or_else(|e| panic!("reading {key}: {e}"))
+        .bytes()
+        .await
+        .unwrap_or_else(|e| panic!("reading {key}: {e}"));
+    zstd::stream::decode_all(bytes.as_ref()).unwrap_or_else(|e| panic!("decompressing {key}: {e}"))
+}
+
+/// `deploy/local/s3.sh stop` or `up`: the server goes away, and comes back with its
+/// data and keys.
+pub fn server(action: &str) {
+    let status = Command::new(super::repo().join("deploy/local/s3.sh"))
+        .arg(action)
+        .env("CASTELLAN_DEV_DIR", dev_dir())
+        .status()
+        .expect("running deploy/local/s3.sh");
+    assert!(status.success(), "deploy/local/s3.sh {action} failed");
+}
