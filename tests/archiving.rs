@@ -2,8 +2,9 @@
 //! `spec.backup` archives its completed segments (zstd, under
 //! `<namespace>/<cluster>/<system id>/wals/`); archiving goes on after a switchover (the
 //! new timeline's history file and segments) and an operator restart; with the S3
-//! server stopped the cluster says so (`ContinuousArchiving` False, a Warning) and keeps
-//! the waiting WAL, and catches up once the server is back.
+//! server stopped the cluster says so (`ContinuousArchiving` False, a Warning, another
+//! when the waiting WAL reaches a quarter of the volume) and keeps the waiting WAL, and
+//! catches up once the server is back.
 
 mod support;
 
@@ -204,10 +205,11 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
     )
     .await;
 
-    // The S3 server stopped: a condition and a Warning, and the WAL stays.
+    // The S3 server stopped: a condition and a Warning, and the WAL stays; once the
+    // waiting WAL reaches a quarter of the 1Gi volume (16 segments), another Warning.
     s3::server("stop");
     let mut waiting = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..17 {
         waiting.push(complete_a_segment(&mut connection).await);
     }
     wait_for(
@@ -219,6 +221,12 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
     assert!(
         !events(&ns, "ArchivingFailing").is_empty(),
         "a Warning Event says so"
+    );
+    wait_for(
+        "a Warning that WAL piles up on the volume",
+        Duration::from_secs(30),
+        || !events(&ns, "WALPilingUp").is_empty(),
+        diagnostics,
     );
     let pg_wal = volume_path(&ns, &target).join("pgdata/pg_wal");
     for file in &waiting {

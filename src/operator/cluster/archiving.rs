@@ -67,12 +67,50 @@ pub fn archive_assessment(state: &ClusterState) -> Option<Assessment> {
     ))
 }
 
+/// Size of a WAL segment (PostgreSQL's default, which Castellan does not change).
+const SEGMENT_BYTES: u64 = 16 << 20;
+
+/// When the WAL waiting on the primary's volume for the archive reaches a quarter of
+/// the volume (as `max_slot_wal_keep_size` allows a slot), a Warning says the volume
+/// will fill if archiving does not resume: nothing is ever removed before it is
+/// archived, so this is the time to act. Once per episode.
+fn warn_when_wal_piles_up(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
+    let Some(cluster) = state.cluster.as_ref() else {
+        return;
+    };
+    let volume = castellan_crds::quantity::parse_bytes(&cluster.spec.storage.size).unwrap_or(0);
+    let primary = state.primary.as_ref().and_then(|name| {
+        let view = state.views.get(name).filter(|v| v.reachable)?;
+        Some((name.clone(), view.archive.clone()))
+    });
+    let Some((name, report)) = primary else {
+        return;
+    };
+    let waiting = u64::from(report.waiting) * SEGMENT_BYTES;
+    let piling = report.failing() && volume > 0 && waiting >= volume / 4;
+    if piling && !state.wal_piling {
+        effects.push(ClusterEffect::Record(Note::warning(
+            "WALPilingUp",
+            format!(
+                "{} completed WAL files ({} MiB) wait on {name}'s {} volume because archiving fails: it fills if archiving does not resume (WAL is never removed before it is archived)",
+                report.waiting,
+                waiting >> 20,
+                cluster.spec.storage.size
+            ),
+        )));
+    }
+    if !report.failing() || piling {
+        state.wal_piling = piling;
+    }
+}
+
 /// Records an Event when archiving starts failing (Warning) or works again, and says
 /// whether the condition's status flipped (status is then written again).
 pub fn archiving_changed(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) -> bool {
     let Some(assessment) = archive_assessment(state) else {
         return state.archiving_ok.take().is_some();
     };
+    warn_when_wal_piles_up(state, effects);
     // Waiting for a report or a setting is not a failure worth an Event.
     if matches!(assessment.reason, "PrimaryUnknown" | "Configuring") {
         return false;
@@ -201,6 +239,30 @@ mod tests {
         primary.archive = archived(&fingerprint, 3, Some(2));
         let (_, effects) = step(state, ClusterEvent::Observed(primary));
         assert_eq!(notes(&effects), vec!["ArchivingResumed"]);
+    }
+
+    #[test]
+    fn wal_piling_up_to_a_quarter_of_the_volume_is_a_warning_once() {
+        // 1Gi volumes: a quarter is 16 segments.
+        let mut state = settled(cluster(2, false, &[]), 2);
+        state.archive = Some(Ok(on()));
+        let fingerprint = on().fingerprint;
+        let mut primary = primary_view(&["db-2"], "");
+        primary.archive = archived(&fingerprint, 1, Some(2));
+        primary.archive.waiting = 15;
+        let (mut state, effects) = step(state, ClusterEvent::Observed(primary.clone()));
+        assert_eq!(notes(&effects), vec!["ArchivingFailing"]);
+        state.converging = false;
+        primary.archive.waiting = 16;
+        let (state, effects) = step(state, ClusterEvent::Observed(primary.clone()));
+        assert_eq!(notes(&effects), vec!["WALPilingUp"]);
+        primary.archive.waiting = 20;
+        let (state, effects) = step(state, ClusterEvent::Observed(primary.clone()));
+        assert!(notes(&effects).is_empty(), "once per episode");
+        // Archiving works again: the next pile-up is a new episode.
+        primary.archive = archived(&fingerprint, 3, Some(2));
+        let (state, _) = step(state, ClusterEvent::Observed(primary.clone()));
+        assert!(!state.wal_piling);
     }
 
     #[test]

@@ -220,6 +220,9 @@ pub struct ClusterState {
     pub archive: Option<Result<ArchiveConfig, String>>,
     /// Whether archiving was last found working.
     pub archiving_ok: Option<bool>,
+    /// WAL waiting for the archive has reached a quarter of the primary's volume (one
+    /// Warning per episode).
+    pub wal_piling: bool,
     pub switchover: Option<Switchover>,
 }
 
