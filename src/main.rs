@@ -50,6 +50,17 @@ enum Command {
         /// The file, as PostgreSQL names it (`%p`: relative to the data directory).
         file: PathBuf,
     },
+    /// PostgreSQL's `restore_command`: have the instance manager fetch a WAL file from
+    /// the object store; exits 1 when the archive does not have it.
+    WalRestore {
+        /// The instance manager's archive socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The WAL file's name (`%f`).
+        file: String,
+        /// Where PostgreSQL wants it (`%p`: relative to the data directory).
+        dest: PathBuf,
+    },
 }
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -79,6 +90,11 @@ fn main() -> anyhow::Result<()> {
             .build()
             .context("starting the async runtime")?
             .block_on(instance::archive::request(&socket, &file)),
+        Command::WalRestore { socket, file, dest } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?
+            .block_on(instance::archive::request_restore(&socket, &file, &dest)),
         Command::Crds { out_dir } => write_crds(out_dir),
         Command::Version => {
             println!(

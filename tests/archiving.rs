@@ -4,7 +4,8 @@
 //! new timeline's history file and segments) and an operator restart; with the S3
 //! server stopped the cluster says so (`ContinuousArchiving` False, a Warning, another
 //! when the waiting WAL reaches a quarter of the volume) and keeps the waiting WAL, and
-//! catches up once the server is back.
+//! catches up once the server is back; a replica whose slot was lost while it was
+//! fenced catches up from the archive (`restore_command`).
 
 mod support;
 
@@ -253,5 +254,111 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         diagnostics,
     );
     assert!(!events(&ns, "ArchivingResumed").is_empty());
+
+    // A replica that fell behind what its slot may hold catches up from the archive
+    // (restore_command): fenced while the primary writes and checkpoints past
+    // max_slot_wal_keep_size (a quarter of 1Gi), its slot is lost; unfenced, it reads
+    // the segments it missed from the object store.
+    let replica = first;
+    kubectl_ok(&[
+        "annotate",
+        "dbc",
+        CLUSTER,
+        "-n",
+        &ns,
+        &format!("castellan.io/fenced-instances=[\"{replica}\"]"),
+    ]);
+    wait_for(
+        "the replica fenced",
+        Duration::from_secs(60),
+        || {
+            jsonpath(
+                "dbc",
+                CLUSTER,
+                &ns,
+                &format!("{{.status.instances[?(@.name==\"{replica}\")].fenced}}"),
+            ) == "true"
+        },
+        diagnostics,
+    );
+    for _ in 0..24 {
+        complete_a_segment(&mut connection).await;
+    }
+    let slot = format!("castellan_{}", replica.replace('-', "_"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        sqlx::query("checkpoint")
+            .execute(&mut connection)
+            .await
+            .expect("a checkpoint");
+        let status: Option<String> =
+            sqlx::query_scalar("select wal_status from pg_replication_slots where slot_name = $1")
+                .bind(&slot)
+                .fetch_optional(&mut connection)
+                .await
+                .expect("reading the slot")
+                .flatten();
+        if status.as_deref() == Some("lost") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slot {slot} not lost within 60 s: {status:?}\n{}",
+            diagnostics()
+        );
+        complete_a_segment(&mut connection).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let marker: i64 =
+        sqlx::query_scalar("insert into orders (item) values ('marker') returning id")
+            .fetch_one(&mut connection)
+            .await
+            .expect("writing the marker");
+    sqlx::query("select pg_switch_wal()")
+        .execute(&mut connection)
+        .await
+        .expect("switching WAL");
+    kubectl_ok(&[
+        "annotate",
+        "dbc",
+        CLUSTER,
+        "-n",
+        &ns,
+        "castellan.io/fenced-instances-",
+    ]);
+    wait_for(
+        "the lagging replica restoring from the archive",
+        Duration::from_secs(120),
+        || {
+            kubectl_ok(&["logs", "-n", &ns, &replica])
+                .contains("restored a WAL file from the archive")
+        },
+        diagnostics,
+    );
+    // It accepts connections once it has replayed far enough to be consistent.
+    wait_for(
+        "the lagging replica ready again",
+        Duration::from_secs(120),
+        || jsonpath("pod", &replica, &ns, "{.status.containerStatuses[0].ready}") == "true",
+        diagnostics,
+    );
+    let mut on_replica = superuser(&ns, &replica).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let found: Option<i64> = sqlx::query_scalar("select id from orders where id = $1")
+            .bind(marker)
+            .fetch_optional(&mut on_replica)
+            .await
+            .unwrap_or(None);
+        if found == Some(marker) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the marker row is not on {replica} within 60 s\n{}",
+            diagnostics()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     drop(operator);
 }

@@ -50,6 +50,9 @@ const ZSTD_LEVEL: i32 = 3;
 /// How many waiting segments one request stores beside the one asked for.
 const AHEAD: usize = 3;
 
+/// How long a restore may wait for the archive before the file counts as missing.
+const RESTORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
     #[error("archiving is not configured yet: the operator has not sent this instance its setting")]
@@ -243,6 +246,62 @@ impl Context {
         outcome
     }
 
+    /// Fetches WAL file `file` from the archive into `dest` (relative to the data
+    /// directory): `Ok(false)` when the archive does not have it, or archiving is off.
+    /// A standby asks for every file it wants next, also while it streams or while its
+    /// primary is gone, so an archive that does not answer within [`RESTORE_TIMEOUT`]
+    /// counts as not having it: a slow object store must not keep a replica from
+    /// following a new primary.
+    pub async fn restore(&self, file: &str, dest: &Path) -> Result<bool, ArchiveError> {
+        let archiver = match &*self.setting.borrow() {
+            Setting::On(archiver) => archiver.clone(),
+            Setting::Unknown | Setting::Off => return Ok(false),
+        };
+        let system_id = archiver
+            .system_id
+            .get_or_try_init(|| system_id(&self.binaries, &self.data_dir))
+            .await?
+            .clone();
+        let key = wal_key(&archiver.prefix, &system_id, file);
+        let location = ObjectPath::from(key.as_str());
+        let fetched = tokio::time::timeout(RESTORE_TIMEOUT, async {
+            archiver.store.get(&location).await?.bytes().await
+        })
+        .await;
+        let compressed = match fetched {
+            Err(_) => {
+                tracing::warn!(%key, "the archive did not answer in time: the file counts as missing");
+                return Ok(false);
+            }
+            Ok(Err(object_store::Error::NotFound { .. })) => return Ok(false),
+            Ok(Err(source)) => {
+                return Err(ArchiveError::Store {
+                    what: "reading",
+                    key,
+                    source,
+                });
+            }
+            Ok(Ok(bytes)) => bytes,
+        };
+        let raw = zstd::stream::decode_all(compressed.as_ref()).map_err(|source| {
+            ArchiveError::Compress {
+                file: file.to_owned(),
+                source,
+            }
+        })?;
+        let path = self.data_dir.join(dest);
+        let partial = path.with_extension("castellan-partial");
+        let write = async {
+            tokio::fs::write(&partial, &raw).await?;
+            tokio::fs::rename(&partial, &path).await
+        };
+        write
+            .await
+            .map_err(|source| ArchiveError::Read { path, source })?;
+        tracing::info!(file, "restored a WAL file from the archive");
+        Ok(true)
+    }
+
     fn record_success(&self, name: &str) {
         if let Ok(mut report) = self.report.lock() {
             if report.last_archived.as_deref() < Some(name) || !is_segment(name) {
@@ -419,21 +478,29 @@ pub async fn serve(listener: UnixListener, context: Arc<Context>) {
             if BufReader::new(read).read_line(&mut line).await.is_err() {
                 return;
             }
-            let answer = match line.trim_end().split_once(' ') {
+            let request = line.trim_end();
+            let answer = match request.split_once(' ') {
                 Some(("archive", file)) => match context.archive(Path::new(file)).await {
                     Ok(()) => "ok\n".to_owned(),
                     Err(error) => format!("error {error}\n"),
                 },
-                _ => format!("error unknown request {:?}\n", line.trim_end()),
+                Some(("restore", rest)) => match rest.split_once(' ') {
+                    Some((file, dest)) => match context.restore(file, Path::new(dest)).await {
+                        Ok(true) => "ok\n".to_owned(),
+                        Ok(false) => "missing\n".to_owned(),
+                        Err(error) => format!("error {error}\n"),
+                    },
+                    None => format!("error malformed request {request:?}\n"),
+                },
+                _ => format!("error unknown request {request:?}\n"),
             };
             let _ = write.write_all(answer.as_bytes()).await;
         });
     }
 }
 
-/// `castellan wal-archive`: asks the manager behind `socket` to archive `file`, and
-/// fails (so that PostgreSQL keeps the file and asks again) unless it says it did.
-pub async fn request(socket: &Path, file: &Path) -> anyhow::Result<()> {
+/// Sends one request line to the manager behind `socket` and returns its answer.
+async fn ask(socket: &Path, request: &str) -> anyhow::Result<String> {
     use anyhow::Context as _;
     let stream = UnixStream::connect(socket).await.with_context(|| {
         format!(
@@ -443,19 +510,45 @@ pub async fn request(socket: &Path, file: &Path) -> anyhow::Result<()> {
     })?;
     let (read, mut write) = stream.into_split();
     write
-        .write_all(format!("archive {}\n", file.display()).as_bytes())
+        .write_all(format!("{request}\n").as_bytes())
         .await
-        .context("sending the archive request")?;
+        .context("sending the request to the instance manager")?;
     let mut answer = String::new();
     BufReader::new(read)
         .read_line(&mut answer)
         .await
         .context("reading the instance manager's answer")?;
-    match answer.trim_end() {
+    Ok(answer.trim_end().to_owned())
+}
+
+/// `castellan wal-archive`: asks the manager behind `socket` to archive `file`, and
+/// fails (so that PostgreSQL keeps the file and asks again) unless it says it did.
+pub async fn request(socket: &Path, file: &Path) -> anyhow::Result<()> {
+    match ask(socket, &format!("archive {}", file.display()))
+        .await?
+        .as_str()
+    {
         "ok" => Ok(()),
         other => anyhow::bail!(
             "the instance manager did not archive {}: {}",
             file.display(),
+            other.strip_prefix("error ").unwrap_or(other)
+        ),
+    }
+}
+
+/// `castellan wal-restore`: asks the manager behind `socket` to fetch WAL file `file`
+/// from the archive into `dest`. Fails when it is not there (PostgreSQL then reads
+/// `pg_wal` or streams), or could not be fetched.
+pub async fn request_restore(socket: &Path, file: &str, dest: &Path) -> anyhow::Result<()> {
+    match ask(socket, &format!("restore {file} {}", dest.display()))
+        .await?
+        .as_str()
+    {
+        "ok" => Ok(()),
+        "missing" => anyhow::bail!("{file} is not in the archive"),
+        other => anyhow::bail!(
+            "the instance manager did not restore {file}: {}",
             other.strip_prefix("error ").unwrap_or(other)
         ),
     }

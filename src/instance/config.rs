@@ -51,6 +51,9 @@ pub struct Settings<'a> {
     pub max_slot_wal_keep_size: &'a str,
     /// `archive_command`: hands each completed WAL file to the instance manager.
     pub archive_command: &'a str,
+    /// `restore_command`: the instance manager fetches a WAL file from the archive (a
+    /// replica catching up past what its primary still has).
+    pub restore_command: &'a str,
 }
 
 /// Quotes a value for postgresql.conf: single quotes, with `'` doubled.
@@ -74,7 +77,7 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         let _ = writeln!(conf, "{name} = {}", quote(value));
     }
     let socket_dir = settings.socket_dir.to_string_lossy();
-    let owned: [(&str, String); 17] = [
+    let owned: [(&str, String); 18] = [
         ("listen_addresses", quote(settings.listen_address)),
         ("port", settings.port.to_string()),
         ("unix_socket_directories", quote(&socket_dir)),
@@ -92,6 +95,9 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
         // failover. With no object store the manager lets the files go.
         ("archive_mode", quote("always")),
         ("archive_command", quote(settings.archive_command)),
+        // Answered "missing" at once while archiving is off, and within 5 s whatever
+        // the object store does, so it never holds up streaming or a failover.
+        ("restore_command", quote(settings.restore_command)),
         (
             "max_slot_wal_keep_size",
             quote(settings.max_slot_wal_keep_size),
@@ -178,6 +184,7 @@ mod tests {
             parameters,
             max_slot_wal_keep_size: "256MB",
             archive_command: "'/bin/castellan' wal-archive --socket '/run/a.sock' %p",
+            restore_command: "'/bin/castellan' wal-restore --socket '/run/a.sock' %f %p",
         }
     }
 
@@ -194,6 +201,9 @@ mod tests {
         assert!(!conf.contains("primary_conninfo"));
         assert!(conf.contains("max_slot_wal_keep_size = '256MB'\n"));
         assert!(conf.contains("archive_mode = 'always'\n"));
+        assert!(conf.contains(
+            "restore_command = '''/bin/castellan'' wal-restore --socket ''/run/a.sock'' %f %p'\n"
+        ));
         assert!(conf.contains(
             "archive_command = '''/bin/castellan'' wal-archive --socket ''/run/a.sock'' %p'\n"
         ));

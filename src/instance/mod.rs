@@ -262,15 +262,15 @@ impl Instance {
             .join("castellan.fenced")
     }
 
-    /// `archive_command`: this binary's `wal-archive`, which hands the file to this
-    /// manager (`archive`).
-    fn archive_command(&self) -> String {
+    /// `archive_command` and `restore_command`: this binary's `wal-archive` and
+    /// `wal-restore`, which hand the work to this manager (`archive`).
+    fn wal_commands(&self) -> (String, String) {
         let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("castellan"));
-        let socket = self.socket_dir.join(archive::SOCKET);
-        format!(
-            "{} wal-archive --socket {} %p",
-            shell_quote(&exe.to_string_lossy()),
-            shell_quote(&socket.to_string_lossy())
+        let exe = shell_quote(&exe.to_string_lossy());
+        let socket = shell_quote(&self.socket_dir.join(archive::SOCKET).to_string_lossy());
+        (
+            format!("{exe} wal-archive --socket {socket} %p"),
+            format!("{exe} wal-restore --socket {socket} %f %p"),
         )
     }
 
@@ -286,6 +286,7 @@ impl Instance {
     }
 
     fn conf(&self, role: &Role, parameters: &BTreeMap<String, String>, sync_names: &str) -> String {
+        let (archive_command, restore_command) = self.wal_commands();
         config::render_castellan_conf(&config::Settings {
             cluster_name: &self.args.cluster_name,
             instance_name: &self.args.instance_name,
@@ -297,7 +298,8 @@ impl Instance {
             synchronous_standby_names: sync_names,
             parameters,
             max_slot_wal_keep_size: &self.args.max_slot_wal_keep_size,
-            archive_command: &self.archive_command(),
+            archive_command: &archive_command,
+            restore_command: &restore_command,
         })
     }
 
