@@ -36,6 +36,11 @@ fn condition(namespace: &str, type_: &str) -> String {
     )
 }
 
+/// `kubectl annotate dbc shop <annotation>`.
+fn annotate(namespace: &str, annotation: &str) {
+    kubectl_ok(&["annotate", "dbc", CLUSTER, "-n", namespace, annotation]);
+}
+
 fn primary(namespace: &str) -> String {
     jsonpath("dbc", CLUSTER, namespace, "{.status.currentPrimary}")
 }
@@ -160,14 +165,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
     } else {
         target
     };
-    kubectl_ok(&[
-        "annotate",
-        "dbc",
-        CLUSTER,
-        "-n",
-        &ns,
-        &format!("castellan.io/switchover-to={target}"),
-    ]);
+    annotate(&ns, &format!("castellan.io/switchover-to={target}"));
     wait_for(
         "the switchover",
         Duration::from_secs(90),
@@ -260,14 +258,10 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
     // max_slot_wal_keep_size (a quarter of 1Gi), its slot is lost; unfenced, it reads
     // the segments it missed from the object store.
     let replica = first;
-    kubectl_ok(&[
-        "annotate",
-        "dbc",
-        CLUSTER,
-        "-n",
+    annotate(
         &ns,
         &format!("castellan.io/fenced-instances=[\"{replica}\"]"),
-    ]);
+    );
     wait_for(
         "the replica fenced",
         Duration::from_secs(60),
@@ -318,14 +312,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         .execute(&mut connection)
         .await
         .expect("switching WAL");
-    kubectl_ok(&[
-        "annotate",
-        "dbc",
-        CLUSTER,
-        "-n",
-        &ns,
-        "castellan.io/fenced-instances-",
-    ]);
+    annotate(&ns, "castellan.io/fenced-instances-");
     wait_for(
         "the lagging replica restoring from the archive",
         Duration::from_secs(120),

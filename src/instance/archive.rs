@@ -388,7 +388,7 @@ async fn store(
         return same_content(archiver, &location, &key, &name, &raw).await;
     }
     let compressed = {
-        let name = name.clone();
+        let (name, raw) = (name.clone(), raw.clone());
         tokio::task::spawn_blocking(move || zstd::bulk::compress(&raw, ZSTD_LEVEL))
             .await
             .map_err(|e| ArchiveError::Compress {
@@ -409,12 +409,6 @@ async fn store(
         Ok(_) => Ok(()),
         // Someone stored it between our check and our write: compare as above.
         Err(object_store::Error::AlreadyExists { .. }) => {
-            let raw = tokio::fs::read(path)
-                .await
-                .map_err(|source| ArchiveError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
             same_content(archiver, &location, &key, &name, &raw).await
         }
         Err(source) => Err(store_error("storing")(source)),
