@@ -55,6 +55,26 @@ async fn superuser(namespace: &str, pod: &str) -> PgConnection {
     connect(&address, "postgres", &password, "shop").await
 }
 
+/// A superuser connection to `pod`, or `None` while it does not accept one.
+async fn try_superuser(namespace: &str, pod: &str) -> Option<PgConnection> {
+    use sqlx::ConnectOptions;
+    let address = instance_addresses(namespace, CLUSTER)
+        .into_iter()
+        .find(|(name, _)| name == pod)
+        .map(|(_, ip)| ip)?;
+    let password = secret_value(namespace, &format!("{CLUSTER}-superuser"), "password");
+    let options = sqlx::postgres::PgConnectOptions::new()
+        .host(&address)
+        .port(5432)
+        .username("postgres")
+        .password(&password)
+        .database("shop");
+    tokio::time::timeout(Duration::from_secs(5), options.connect())
+        .await
+        .ok()?
+        .ok()
+}
+
 /// Writes a little, then ends the current segment; returns its file name.
 async fn complete_a_segment(connection: &mut PgConnection) -> String {
     sqlx::query("insert into orders (item) select 'widget' from generate_series(1, 100)")
@@ -322,27 +342,26 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         },
         diagnostics,
     );
-    // It accepts connections once it has replayed far enough to be consistent.
-    wait_for(
-        "the lagging replica ready again",
-        Duration::from_secs(120),
-        || jsonpath("pod", &replica, &ns, "{.status.containerStatuses[0].ready}") == "true",
-        diagnostics,
-    );
-    let mut on_replica = superuser(&ns, &replica).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // It accepts connections once it has replayed far enough to be consistent (its
+    // pod's readiness may still say true from before it was fenced: ask the server).
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let found: Option<i64> = sqlx::query_scalar("select id from orders where id = $1")
-            .bind(marker)
-            .fetch_optional(&mut on_replica)
-            .await
-            .unwrap_or(None);
+        let found = match try_superuser(&ns, &replica).await {
+            Some(mut on_replica) => {
+                sqlx::query_scalar::<_, i64>("select id from orders where id = $1")
+                    .bind(marker)
+                    .fetch_optional(&mut on_replica)
+                    .await
+                    .unwrap_or(None)
+            }
+            None => None,
+        };
         if found == Some(marker) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the marker row is not on {replica} within 60 s\n{}",
+            "the marker row is not on {replica} within 120 s\n{}",
             diagnostics()
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
