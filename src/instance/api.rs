@@ -30,10 +30,10 @@ use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use super::{Request, Shared, archive, database};
+use super::{Request, Shared, database};
 use crate::instance_api::{
-    ArchiveConfig, ArchiveReport, FenceRequest, LeaseRequest, LeaseResponse, PromoteRequest,
-    ReloadRequest, RunningRole, StatusReport,
+    FenceRequest, LeaseRequest, LeaseResponse, PromoteRequest, ReloadRequest, RunningRole,
+    StatusReport,
 };
 
 type Response = (StatusCode, Json<Value>);
@@ -136,7 +136,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         parameters: published.parameters,
         server: None,
         error: None,
-        archive: archive_report(shared),
+        archive: shared.archive.report(),
     };
     if !published.running {
         report.error = Some("postgres is not running".to_owned());
@@ -255,38 +255,6 @@ fn reserved(parameters: &std::collections::BTreeMap<String, String>) -> Vec<Stri
         .collect()
 }
 
-/// The archive report with the setting's fingerprint and the files waiting now.
-fn archive_report(shared: &Shared) -> ArchiveReport {
-    let mut report = shared
-        .archive_report
-        .lock()
-        .map(|report| report.clone())
-        .unwrap_or_default();
-    report.fingerprint = shared.archive.borrow().fingerprint();
-    report.waiting = u32::try_from(archive::waiting(&shared.wal_dir).len()).unwrap_or(u32::MAX);
-    report
-}
-
-/// Puts a new archive setting in force (it needs no reload of the server: the archive
-/// socket reads it on the next file). A changed setting starts a fresh report.
-fn set_archive(shared: &Shared, config: &ArchiveConfig) -> Result<(), String> {
-    if shared.archive.borrow().fingerprint().as_deref() == Some(config.fingerprint.as_str()) {
-        return Ok(());
-    }
-    let setting = match &config.target {
-        None => archive::Setting::Off,
-        Some(target) => archive::Setting::On(Arc::new(
-            archive::Archiver::new(config, target).map_err(|e| e.to_string())?,
-        )),
-    };
-    tracing::info!(fingerprint = %config.fingerprint, "new WAL archive setting");
-    shared.archive.send_replace(setting);
-    if let Ok(mut report) = shared.archive_report.lock() {
-        *report = ArchiveReport::default();
-    }
-    Ok(())
-}
-
 async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadRequest>) -> Response {
     // Admission refuses these already; this is the second line, for a request that did
     // not come through a DatabaseCluster (archive_command runs any shell command).
@@ -302,7 +270,7 @@ async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadReques
         );
     }
     if let Some(config) = &body.archive
-        && let Err(error) = set_archive(&shared, config)
+        && let Err(error) = shared.archive.apply(config)
     {
         return (
             StatusCode::BAD_REQUEST,

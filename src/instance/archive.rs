@@ -36,6 +36,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OnceCell, watch};
 
+use super::Published;
+
 use crate::instance_api::{
     ArchiveConfig, ArchiveReport, ArchiveTarget, RunningRole, millis_since_epoch,
 };
@@ -57,8 +59,9 @@ const RESTORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub enum ArchiveError {
     #[error("archiving is not configured yet: the operator has not sent this instance its setting")]
     NotConfigured,
-    #[error("reading {path}: {source}")]
-    Read {
+    #[error("{what} {path}: {source}")]
+    File {
+        what: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
@@ -172,25 +175,90 @@ pub fn s3_store(target: &ArchiveTarget) -> Result<object_store::aws::AmazonS3, A
         })
 }
 
-/// What the archive socket needs from the manager.
-pub struct Context {
-    pub data_dir: PathBuf,
+/// The manager's side of archiving: the setting the operator sent, what it did since,
+/// and the work the archive socket asks for.
+pub struct Archive {
+    data_dir: PathBuf,
     /// `pg_controldata`, to read the system identifier.
-    pub binaries: super::bootstrap::Binaries,
-    pub setting: watch::Receiver<Setting>,
+    binaries: super::bootstrap::Binaries,
     /// The role the instance runs in now.
-    pub published: watch::Receiver<super::Published>,
-    pub report: Arc<Mutex<ArchiveReport>>,
+    published: watch::Receiver<Published>,
+    setting: Mutex<Setting>,
+    report: Mutex<ArchiveReport>,
 }
 
-impl Context {
+impl Archive {
+    pub fn new(
+        data_dir: PathBuf,
+        binaries: super::bootstrap::Binaries,
+        published: watch::Receiver<Published>,
+    ) -> Self {
+        Self {
+            data_dir,
+            binaries,
+            published,
+            setting: Mutex::new(Setting::Unknown),
+            report: Mutex::new(ArchiveReport::default()),
+        }
+    }
+
+    fn setting(&self) -> Setting {
+        self.setting
+            .lock()
+            .map(|setting| setting.clone())
+            .unwrap_or_default()
+    }
+
+    /// Puts the operator's setting in force (no reload of the server: the next file
+    /// reads it). A changed setting starts a fresh report.
+    pub fn apply(&self, config: &ArchiveConfig) -> Result<(), ArchiveError> {
+        if self.setting().fingerprint().as_deref() == Some(config.fingerprint.as_str()) {
+            return Ok(());
+        }
+        let setting = match &config.target {
+            None => Setting::Off,
+            Some(target) => Setting::On(Arc::new(Archiver::new(config, target)?)),
+        };
+        tracing::info!(fingerprint = %config.fingerprint, "new WAL archive setting");
+        if let Ok(mut current) = self.setting.lock() {
+            *current = setting;
+        }
+        if let Ok(mut report) = self.report.lock() {
+            *report = ArchiveReport::default();
+        }
+        Ok(())
+    }
+
+    /// What archiving did since the setting, with its fingerprint and the files
+    /// waiting now.
+    pub fn report(&self) -> ArchiveReport {
+        let mut report = self
+            .report
+            .lock()
+            .map(|report| report.clone())
+            .unwrap_or_default();
+        report.fingerprint = self.setting().fingerprint();
+        report.waiting =
+            u32::try_from(waiting(&self.data_dir.join("pg_wal")).len()).unwrap_or(u32::MAX);
+        report
+    }
+
+    /// The cluster's system identifier, read once per setting.
+    async fn system_id<'a>(&self, archiver: &'a Archiver) -> Result<&'a str, ArchiveError> {
+        archiver
+            .system_id
+            .get_or_try_init(|| system_id(&self.binaries, &self.data_dir))
+            .await
+            .map(String::as_str)
+    }
+
     /// Archives `file` (a path PostgreSQL gave, relative to the data directory) and,
     /// when others wait behind it, the next few of them.
     pub async fn archive(&self, file: &Path) -> Result<(), ArchiveError> {
-        let archiver = match &*self.setting.borrow() {
+        let archiver = match self.setting() {
             Setting::Unknown => return Err(ArchiveError::NotConfigured),
             Setting::Off => return Ok(()),
-            Setting::On(archiver) => archiver.clone(),
+            Setting::On(archiver) => archiver,
         };
         let path = self.data_dir.join(file);
         let name = file_name(&path);
@@ -202,11 +270,7 @@ impl Context {
         if taken {
             return Ok(());
         }
-        let system_id = archiver
-            .system_id
-            .get_or_try_init(|| system_id(&self.binaries, &self.data_dir))
-            .await?
-            .clone();
+        let system_id = self.system_id(&archiver).await?.to_owned();
         let replica = self.published.borrow().role == Some(RunningRole::Replica);
         let wal_dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let ahead: Vec<String> = waiting(&wal_dir)
@@ -253,16 +317,10 @@ impl Context {
     /// counts as not having it: a slow object store must not keep a replica from
     /// following a new primary.
     pub async fn restore(&self, file: &str, dest: &Path) -> Result<bool, ArchiveError> {
-        let archiver = match &*self.setting.borrow() {
-            Setting::On(archiver) => archiver.clone(),
-            Setting::Unknown | Setting::Off => return Ok(false),
+        let Setting::On(archiver) = self.setting() else {
+            return Ok(false);
         };
-        let system_id = archiver
-            .system_id
-            .get_or_try_init(|| system_id(&self.binaries, &self.data_dir))
-            .await?
-            .clone();
-        let key = wal_key(&archiver.prefix, &system_id, file);
+        let key = wal_key(&archiver.prefix, self.system_id(&archiver).await?, file);
         let location = ObjectPath::from(key.as_str());
         let fetched = tokio::time::timeout(RESTORE_TIMEOUT, async {
             archiver.store.get(&location).await?.bytes().await
@@ -295,9 +353,11 @@ impl Context {
             tokio::fs::write(&partial, &raw).await?;
             tokio::fs::rename(&partial, &path).await
         };
-        write
-            .await
-            .map_err(|source| ArchiveError::Read { path, source })?;
+        write.await.map_err(|source| ArchiveError::File {
+            what: "writing",
+            path,
+            source,
+        })?;
         tracing::info!(file, "restored a WAL file from the archive");
         Ok(true)
     }
@@ -380,23 +440,26 @@ async fn store(
     }
     let raw = tokio::fs::read(path)
         .await
-        .map_err(|source| ArchiveError::Read {
+        .map_err(|source| ArchiveError::File {
+            what: "reading",
             path: path.to_path_buf(),
             source,
         })?;
     if exists {
         return same_content(archiver, &location, &key, &name, &raw).await;
     }
-    let compressed = {
-        let (name, raw) = (name.clone(), raw.clone());
-        tokio::task::spawn_blocking(move || zstd::bulk::compress(&raw, ZSTD_LEVEL))
-            .await
-            .map_err(|e| ArchiveError::Compress {
-                file: name.clone(),
-                source: std::io::Error::other(e),
-            })?
-            .map_err(|source| ArchiveError::Compress { file: name, source })?
-    };
+    // Off the async threads; the file comes back for a comparison after a lost race.
+    let (raw, compressed) = tokio::task::spawn_blocking(move || {
+        let compressed = zstd::bulk::compress(&raw, ZSTD_LEVEL);
+        (raw, compressed)
+    })
+    .await
+    .map_err(std::io::Error::other)
+    .and_then(|(raw, compressed)| Ok((raw, compressed?)))
+    .map_err(|source| ArchiveError::Compress {
+        file: name.clone(),
+        source,
+    })?;
     let options = PutOptions {
         mode: PutMode::Create,
         ..PutOptions::default()
@@ -422,16 +485,7 @@ async fn same_content(
     name: &str,
     raw: &[u8],
 ) -> Result<(), ArchiveError> {
-    let stored: Bytes = archiver
-        .store
-        .get(location)
-        .await
-        .map_err(|source| ArchiveError::Store {
-            what: "reading",
-            key: key.to_owned(),
-            source,
-        })?
-        .bytes()
+    let stored: Bytes = async { archiver.store.get(location).await?.bytes().await }
         .await
         .map_err(|source| ArchiveError::Store {
             what: "reading",
@@ -453,9 +507,10 @@ async fn same_content(
     }
 }
 
-/// Serves the archive socket: one request per connection, `archive <path>\n`,
-/// answered `ok\n` or `error <message>\n`.
-pub async fn serve(listener: UnixListener, context: Arc<Context>) {
+/// Serves the archive socket: one request per connection, `archive <path>\n` or
+/// `restore <file> <dest>\n`, answered `ok\n`, `missing\n` (restore only) or
+/// `error <message>\n`.
+pub async fn serve(listener: UnixListener, archive: Arc<Archive>) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -465,7 +520,7 @@ pub async fn serve(listener: UnixListener, context: Arc<Context>) {
                 continue;
             }
         };
-        let context = context.clone();
+        let archive = archive.clone();
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
             let mut line = String::new();
@@ -474,12 +529,12 @@ pub async fn serve(listener: UnixListener, context: Arc<Context>) {
             }
             let request = line.trim_end();
             let answer = match request.split_once(' ') {
-                Some(("archive", file)) => match context.archive(Path::new(file)).await {
+                Some(("archive", file)) => match archive.archive(Path::new(file)).await {
                     Ok(()) => "ok\n".to_owned(),
                     Err(error) => format!("error {error}\n"),
                 },
                 Some(("restore", rest)) => match rest.split_once(' ') {
-                    Some((file, dest)) => match context.restore(file, Path::new(dest)).await {
+                    Some((file, dest)) => match archive.restore(file, Path::new(dest)).await {
                         Ok(true) => "ok\n".to_owned(),
                         Ok(false) => "missing\n".to_owned(),
                         Err(error) => format!("error {error}\n"),

@@ -176,13 +176,9 @@ pub struct Shared {
     /// healthy primary lose it.
     pub lease: watch::Sender<Option<Instant>>,
     pub requests: mpsc::Sender<(Request, Reply)>,
-    /// Where WAL is archived, as the operator last said (`POST /reload`); the archive
-    /// socket reads it.
-    pub archive: watch::Sender<archive::Setting>,
-    /// What archiving did since that setting.
-    pub archive_report: Arc<std::sync::Mutex<crate::instance_api::ArchiveReport>>,
-    /// `pg_wal`, to count the files waiting to be archived.
-    pub wal_dir: PathBuf,
+    /// WAL archiving: the setting the operator sent (`POST /reload`), what it did,
+    /// and the archive socket's work.
+    pub archive: Arc<archive::Archive>,
 }
 
 impl Shared {
@@ -862,15 +858,18 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         ..Published::default()
     });
     let (requests_tx, mut requests) = mpsc::channel::<(Request, Reply)>(8);
+    let archive = Arc::new(archive::Archive::new(
+        instance.args.data_dir.clone(),
+        instance.binaries.clone(),
+        published.clone(),
+    ));
     let shared = Arc::new(Shared {
         instance_name: instance.args.instance_name.clone(),
         pool: pool.clone(),
         published,
         lease: watch::Sender::new(None),
         requests: requests_tx,
-        archive: watch::Sender::new(archive::Setting::Unknown),
-        archive_report: Arc::default(),
-        wal_dir: instance.args.data_dir.join("pg_wal"),
+        archive,
     });
 
     // The API serves before the server starts: a primary waits for its lease through it,
@@ -904,16 +903,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     let _ = tokio::fs::remove_file(&archive_socket).await;
     let archive_listener = tokio::net::UnixListener::bind(&archive_socket)
         .with_context(|| format!("listening on {}", archive_socket.display()))?;
-    tokio::spawn(archive::serve(
-        archive_listener,
-        Arc::new(archive::Context {
-            data_dir: instance.args.data_dir.clone(),
-            binaries: instance.binaries.clone(),
-            setting: shared.archive.subscribe(),
-            published: shared.published.clone(),
-            report: shared.archive_report.clone(),
-        }),
-    ));
+    tokio::spawn(archive::serve(archive_listener, shared.archive.clone()));
 
     let fenced = instance.fence_marker().exists();
     let (role, problem) = match instance.holds() {
