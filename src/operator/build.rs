@@ -368,9 +368,14 @@ fn field_env(name: &str, path: &str) -> EnvVar {
 /// it (at least 64 MiB), so that a standby that is gone for good can never fill the
 /// primary's disk. Past it the slot is invalidated and that standby is rebuilt.
 pub fn max_slot_wal_keep_size(cluster: &DatabaseCluster) -> String {
+    format!("{}MB", slot_wal_limit_bytes(cluster) >> 20)
+}
+
+/// That quarter of the volume (at least 64 MiB), in bytes: also where WAL waiting for a
+/// failing archive is worth a Warning.
+pub fn slot_wal_limit_bytes(cluster: &DatabaseCluster) -> u64 {
     let bytes = castellan_crds::quantity::parse_bytes(&cluster.spec.storage.size).unwrap_or(0);
-    let megabytes = (bytes / 4 / (1 << 20)).max(64);
-    format!("{megabytes}MB")
+    (bytes / 4).max(64 << 20)
 }
 
 /// The pod of instance `n`: the instance manager as PID 1, its volume, the credential

@@ -3,8 +3,9 @@
 //! itself (object store and credentials) is read by the pass and sent to every
 //! instance with `Command::Reload` (`machine::plan_commands`).
 
-use super::state::{Assessment, ClusterEffect, ClusterState, Note};
-use crate::instance_api::ArchiveConfig;
+use super::state::{Assessment, ClusterEffect, ClusterState, Note, primary};
+use crate::instance_api::{ArchiveConfig, ArchiveReport};
+use crate::operator::build;
 
 /// The archive setting every instance should have, once the pass has read it.
 pub fn wanted_archive(state: &ClusterState) -> Option<&ArchiveConfig> {
@@ -20,19 +21,13 @@ pub fn archive_assessment(state: &ClusterState) -> Option<Assessment> {
         Ok(wanted) => wanted,
     };
     wanted.target.as_ref()?;
-    let Some((name, view)) = state
-        .primary
-        .as_ref()
-        .and_then(|name| Some((name, state.views.get(name)?)))
-        .filter(|(_, view)| view.reachable)
-    else {
+    let Some((name, report)) = primary_report(state) else {
         return Some(Assessment::new(
             false,
             "PrimaryUnknown",
             "waiting for the primary's report on archiving",
         ));
     };
-    let report = &view.archive;
     if report.fingerprint.as_deref() != Some(wanted.fingerprint.as_str()) {
         return Some(Assessment::new(
             false,
@@ -78,16 +73,12 @@ fn warn_when_wal_piles_up(state: &mut ClusterState, effects: &mut Vec<ClusterEff
     let Some(cluster) = state.cluster.as_ref() else {
         return;
     };
-    let volume = castellan_crds::quantity::parse_bytes(&cluster.spec.storage.size).unwrap_or(0);
-    let primary = state.primary.as_ref().and_then(|name| {
-        let view = state.views.get(name).filter(|v| v.reachable)?;
-        Some((name.clone(), view.archive.clone()))
-    });
-    let Some((name, report)) = primary else {
+    let limit = build::slot_wal_limit_bytes(cluster);
+    let Some((name, report)) = primary_report(state) else {
         return;
     };
     let waiting = u64::from(report.waiting) * SEGMENT_BYTES;
-    let piling = report.failing() && volume > 0 && waiting >= volume / 4;
+    let piling = report.failing() && waiting >= limit;
     if piling && !state.wal_piling {
         effects.push(ClusterEffect::Record(Note::warning(
             "WALPilingUp",
@@ -99,9 +90,18 @@ fn warn_when_wal_piles_up(state: &mut ClusterState, effects: &mut Vec<ClusterEff
             ),
         )));
     }
+    // The episode ends when archiving works again, not when the pile shrinks below the
+    // limit while it still fails.
     if !report.failing() || piling {
         state.wal_piling = piling;
     }
+}
+
+/// The primary's name and archive report, when its latest view is reachable.
+fn primary_report(state: &ClusterState) -> Option<(String, ArchiveReport)> {
+    let (name, _) = primary(state)?;
+    let view = state.views.get(name).filter(|view| view.reachable)?;
+    Some((name.clone(), view.archive.clone()))
 }
 
 /// Records an Event when archiving starts failing (Warning) or works again, and says
@@ -115,20 +115,7 @@ pub fn archiving_changed(state: &mut ClusterState, effects: &mut Vec<ClusterEffe
     if matches!(assessment.reason, "PrimaryUnknown" | "Configuring") {
         return false;
     }
-    let before = state.archiving_ok.replace(assessment.status);
-    let flipped = before != Some(assessment.status);
-    if flipped && !assessment.status {
-        effects.push(ClusterEffect::Record(Note::warning(
-            assessment.reason,
-            assessment.message,
-        )));
-    } else if flipped && before == Some(false) {
-        effects.push(ClusterEffect::Record(Note::normal(
-            "ArchivingResumed",
-            assessment.message,
-        )));
-    }
-    flipped
+    assessment.record_flip(&mut state.archiving_ok, "ArchivingResumed", effects)
 }
 
 #[cfg(test)]

@@ -99,20 +99,7 @@ pub(super) fn synchronous_changed(
     let Some(assessment) = synchronous_assessment(state, &cluster) else {
         return false;
     };
-    let before = state.synchronous_ok.replace(assessment.status);
-    let flipped = before != Some(assessment.status);
-    if flipped && !assessment.status {
-        effects.push(ClusterEffect::Record(Note::warning(
-            assessment.reason,
-            assessment.message,
-        )));
-    } else if flipped && before.is_some() {
-        effects.push(ClusterEffect::Record(Note::normal(
-            "QuorumStreaming",
-            assessment.message,
-        )));
-    }
-    flipped
+    assessment.record_flip(&mut state.synchronous_ok, "QuorumStreaming", effects)
 }
 
 #[cfg(test)]

@@ -91,6 +91,30 @@ impl Assessment {
             message: message.into(),
         }
     }
+
+    /// Records this assessment's status in `last` and says whether it flipped, with an
+    /// Event when it did: a Warning with its reason when it turned false, a Normal
+    /// `recovered` when it turned true again (not when first seen true).
+    pub(super) fn record_flip(
+        self,
+        last: &mut Option<bool>,
+        recovered: &'static str,
+        effects: &mut Vec<ClusterEffect>,
+    ) -> bool {
+        let before = last.replace(self.status);
+        if before == Some(self.status) {
+            return false;
+        }
+        if !self.status {
+            effects.push(ClusterEffect::Record(Note::warning(
+                self.reason,
+                self.message,
+            )));
+        } else if before == Some(false) {
+            effects.push(ClusterEffect::Record(Note::normal(recovered, self.message)));
+        }
+        true
+    }
 }
 
 impl Default for Assessment {
