@@ -18,7 +18,7 @@ use support::cluster::{
     phase_and_ready, secret_value, wait_for,
 };
 use support::faults::volume_path;
-use support::postgres::connect;
+use support::postgres::try_connect;
 use support::{TestNamespace, client, kubectl_ok, s3};
 
 const CLUSTER: &str = "shop";
@@ -46,33 +46,20 @@ fn primary(namespace: &str) -> String {
 }
 
 async fn superuser(namespace: &str, pod: &str) -> PgConnection {
+    try_superuser(namespace, pod)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// A superuser connection to `pod`, or why there is none (yet).
+async fn try_superuser(namespace: &str, pod: &str) -> Result<PgConnection, String> {
     let address = instance_addresses(namespace, CLUSTER)
         .into_iter()
         .find(|(name, _)| name == pod)
         .map(|(_, ip)| ip)
-        .unwrap_or_else(|| panic!("{pod} has an address"));
+        .ok_or_else(|| format!("{pod} has no address"))?;
     let password = secret_value(namespace, &format!("{CLUSTER}-superuser"), "password");
-    connect(&address, "postgres", &password, "shop").await
-}
-
-/// A superuser connection to `pod`, or `None` while it does not accept one.
-async fn try_superuser(namespace: &str, pod: &str) -> Option<PgConnection> {
-    use sqlx::ConnectOptions;
-    let address = instance_addresses(namespace, CLUSTER)
-        .into_iter()
-        .find(|(name, _)| name == pod)
-        .map(|(_, ip)| ip)?;
-    let password = secret_value(namespace, &format!("{CLUSTER}-superuser"), "password");
-    let options = sqlx::postgres::PgConnectOptions::new()
-        .host(&address)
-        .port(5432)
-        .username("postgres")
-        .password(&password)
-        .database("shop");
-    tokio::time::timeout(Duration::from_secs(5), options.connect())
-        .await
-        .ok()?
-        .ok()
+    try_connect(&address, "postgres", &password, "shop").await
 }
 
 /// Writes a little, then ends the current segment; returns its file name.
@@ -347,14 +334,14 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let found = match try_superuser(&ns, &replica).await {
-            Some(mut on_replica) => {
+            Ok(mut on_replica) => {
                 sqlx::query_scalar::<_, i64>("select id from orders where id = $1")
                     .bind(marker)
                     .fetch_optional(&mut on_replica)
                     .await
                     .unwrap_or(None)
             }
-            None => None,
+            Err(_) => None,
         };
         if found == Some(marker) {
             break;

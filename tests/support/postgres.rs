@@ -24,14 +24,29 @@ pub fn postgres_ids() -> (u32, u32) {
 
 /// Connects over TCP on port 5432, failing the test after 10 s.
 pub async fn connect(host: &str, user: &str, password: &str, database: &str) -> PgConnection {
+    try_connect(host, user, password, database)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// Connects over TCP on port 5432, giving up after 10 s; the error says to what.
+pub async fn try_connect(
+    host: &str,
+    user: &str,
+    password: &str,
+    database: &str,
+) -> Result<PgConnection, String> {
     let options = PgConnectOptions::new()
         .host(host)
         .port(5432)
         .username(user)
         .password(password)
         .database(database);
-    tokio::time::timeout(Duration::from_secs(10), options.connect())
-        .await
-        .unwrap_or_else(|_| panic!("connecting to {database} on {host} as {user}: timed out"))
-        .unwrap_or_else(|e| panic!("connecting to {database} on {host} as {user}: {e}"))
+    match tokio::time::timeout(Duration::from_secs(10), options.connect()).await {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(e)) => Err(format!("connecting to {database} on {host} as {user}: {e}")),
+        Err(_) => Err(format!(
+            "connecting to {database} on {host} as {user}: timed out"
+        )),
+    }
 }
