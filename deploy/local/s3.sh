@@ -8,7 +8,8 @@
 #                 (<state>/kubeconfig), apply the Secret `castellan-s3` in `default`
 #   s3.sh down    stop it and remove its data, credentials, s3.env and the Secret
 #   s3.sh stop    stop the process only (an object store outage): data, credentials,
-#                 s3.env and the Secret stay, and `up` starts it again with them
+#                 s3.env and the Secret stay, and `up` starts it again with them, on
+#                 the port s3.env records unless CASTELLAN_PORT_BASE is given
 #   s3.sh status  exit 0 when it answers a signed request
 #
 # Environment:
@@ -31,7 +32,6 @@ dev="${CASTELLAN_DEV_DIR:-$repo/.dev}"
 base="${CASTELLAN_PORT_BASE:-16000}"
 host=127.0.0.1
 port=$((base + 900))
-endpoint="http://$host:$port"
 bucket=castellan
 # s3s-fs checks the signature, which names a region, but keeps no region of its own;
 # clients that insist on one (the AWS SDKs, object_store) are given this.
@@ -41,6 +41,13 @@ logs="$dev/logs"
 pids="$dev/pids"
 name=s3s-fs
 env_file="$dev/s3.env"
+# A server that was stopped (not taken down) comes back where its s3.env, and the
+# Secret, say it is, whoever starts it: without CASTELLAN_PORT_BASE, the recorded port.
+if [[ -z "${CASTELLAN_PORT_BASE:-}" && -f "$env_file" ]]; then
+  recorded="$(sed -n 's#^S3_ENDPOINT=http://[^:]*:\([0-9]*\)$#\1#p' "$env_file")"
+  if [[ -n "$recorded" ]]; then port="$recorded"; fi
+fi
+endpoint="http://$host:$port"
 secret=castellan-s3
 namespace=default
 
