@@ -342,6 +342,89 @@ impl ArchiveReport {
     }
 }
 
+/// `POST /backup`: take base backup `id` of this instance's data to `target`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRequest {
+    /// Names the backup in the object store (`<prefix>/<system id>/base/<id>/`);
+    /// letters, digits, `-` and `_` only.
+    pub id: String,
+    pub target: ArchiveTarget,
+}
+
+/// Where a base backup is in its life on the instance taking it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BackupPhase {
+    /// Copying the data directory to the object store.
+    #[default]
+    Running,
+    /// Copied; the WAL segment that makes the copy consistent is not archived yet (on
+    /// a replica it completes only when the primary switches to the next one).
+    WaitingForWal,
+    /// Stored, with the WAL it needs, and its manifest written: restorable.
+    Completed,
+    Failed,
+}
+
+/// A base backup's progress and result, as the instance taking it reports it; a
+/// completed one is also stored beside the data as `backup.json`, its manifest.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupReport {
+    pub id: String,
+    pub phase: BackupPhase,
+    /// The instance it was taken on, and whether that was a standby.
+    #[serde(default)]
+    pub instance: String,
+    #[serde(default)]
+    pub from_standby: bool,
+    /// The key prefix of the backup's objects (`<prefix>/<system id>/base/<id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_wal: Option<String>,
+    /// Bytes of the data directory to copy, copied so far, and stored (compressed).
+    #[serde(default)]
+    pub bytes_total: u64,
+    #[serde(default)]
+    pub bytes_read: u64,
+    #[serde(default)]
+    pub bytes_stored: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_ms: Option<u64>,
+    /// When the copy ended (`pg_backup_stop`): the earliest moment it restores to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistent_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl BackupReport {
+    /// Percent of the data directory copied; 100 only once completed.
+    pub fn progress_percent(&self) -> i32 {
+        if self.phase == BackupPhase::Completed {
+            return 100;
+        }
+        if self.bytes_total == 0 {
+            return 0;
+        }
+        let percent = self.bytes_read.saturating_mul(100) / self.bytes_total;
+        i32::try_from(percent.min(99)).unwrap_or(99)
+    }
+}
+
 /// `POST /reload`'s answer.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

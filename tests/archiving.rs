@@ -14,11 +14,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, describe, events, instance_addresses, jsonpath,
-    phase_and_ready, secret_value, wait_for,
+    LocalVolumes, Operator, apply_cluster, describe, events, jsonpath, phase_and_ready, wait_for,
 };
 use support::faults::volume_path;
-use support::postgres::try_connect;
 use support::{TestNamespace, client, kubectl_ok, s3};
 
 const CLUSTER: &str = "shop";
@@ -26,14 +24,7 @@ const OPERATOR: &str = "127.0.65.1:8080";
 const SEGMENT_SIZE: usize = 16 * 1024 * 1024;
 
 fn condition(namespace: &str, type_: &str) -> String {
-    jsonpath(
-        "dbc",
-        CLUSTER,
-        namespace,
-        &format!(
-            "{{.status.conditions[?(@.type==\"{type_}\")].status}}/{{.status.conditions[?(@.type==\"{type_}\")].reason}}"
-        ),
-    )
+    support::cluster::condition(namespace, CLUSTER, type_)
 }
 
 /// `kubectl annotate dbc shop <annotation>`.
@@ -51,15 +42,8 @@ async fn superuser(namespace: &str, pod: &str) -> PgConnection {
         .unwrap_or_else(|error| panic!("{error}"))
 }
 
-/// A superuser connection to `pod`, or why there is none (yet).
 async fn try_superuser(namespace: &str, pod: &str) -> Result<PgConnection, String> {
-    let address = instance_addresses(namespace, CLUSTER)
-        .into_iter()
-        .find(|(name, _)| name == pod)
-        .map(|(_, ip)| ip)
-        .ok_or_else(|| format!("{pod} has no address"))?;
-    let password = secret_value(namespace, &format!("{CLUSTER}-superuser"), "password");
-    try_connect(&address, "postgres", &password, "shop").await
+    support::cluster::try_superuser(namespace, CLUSTER, pod).await
 }
 
 /// Writes a little, then ends the current segment; returns its file name.

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
     printcolumn = r#"{"name":"Method","type":"string","jsonPath":".spec.method"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"integer","jsonPath":".status.progressPercent"}"#,
     printcolumn = r#"{"name":"Started","type":"date","jsonPath":".status.startedAt"}"#,
     printcolumn = r#"{"name":"Size","type":"string","jsonPath":".status.size"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -63,9 +64,18 @@ pub struct BackupStatus {
     /// When the backup started (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
-    /// When it finished (RFC 3339).
+    /// When the copy ended (RFC 3339): the earliest moment it restores to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at: Option<String>,
+    /// Names the backup in the object store: `<path>/<systemIdentifier>/base/<backupId>/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_id: Option<String>,
+    /// PostgreSQL's system identifier of the cluster backed up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
+    /// The WAL timeline the backup starts on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
     /// Stored size, as a quantity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<String>,
@@ -87,6 +97,9 @@ pub struct BackupStatus {
     /// Where it is stored, as an `s3://bucket/path` URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
+    /// Bytes of the data directory copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_bytes: Option<i64>,
     /// Percent done while running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress_percent: Option<i32>,

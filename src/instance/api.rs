@@ -7,6 +7,10 @@
 //! - `POST /lease`: renew the primary lease (`LeaseGrant`).
 //! - `POST /promote` (`PromoteRequest`), `POST /demote`, `POST /fence`
 //!   (`FenceRequest`), `POST /restart`, `POST /reload` (`ReloadRequest`).
+//! - `POST /backup` (`BackupRequest`): start a base backup in the background;
+//!   `GET /backup/{id}`: its `BackupReport` (404 once the manager no longer knows it);
+//!   `POST /switch-wal`: on a primary, close the current WAL segment so that it is
+//!   archived (a replica's backup waits for it).
 //!
 //! It is served over TLS that requires the operator's client certificate ([`serve`],
 //! configured by `crate::pki::tls`): the handshake refuses every other caller, so no
@@ -32,8 +36,8 @@ use tracing::Instrument;
 
 use super::{Request, Shared, database};
 use crate::instance_api::{
-    FenceRequest, LeaseRequest, LeaseResponse, PromoteRequest, ReloadRequest, RunningRole,
-    StatusReport,
+    BackupRequest, FenceRequest, LeaseRequest, LeaseResponse, PromoteRequest, ReloadRequest,
+    RunningRole, StatusReport,
 };
 
 type Response = (StatusCode, Json<Value>);
@@ -54,6 +58,9 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, shared
         .route("/fence", post(fence))
         .route("/restart", post(restart))
         .route("/reload", post(reload))
+        .route("/backup", post(backup))
+        .route("/backup/{id}", get(backup_report))
+        .route("/switch-wal", post(switch_wal))
         .layer(axum::middleware::from_fn(traced))
         .with_state(shared);
     let acceptor = TlsAcceptor::from(tls);
@@ -202,6 +209,52 @@ async fn submit(shared: &Shared, request: Request) -> Response {
         Err(_) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Json(json!({"error": "the request was dropped"})),
+        ),
+    }
+}
+
+async fn backup(State(shared): State<Arc<Shared>>, Json(request): Json<BackupRequest>) -> Response {
+    let published = shared.published.borrow().clone();
+    if !published.running || published.role.is_none() {
+        return (
+            StatusCode::CONFLICT,
+            Json(json!({"error": "postgres is not running here: no backup can be taken"})),
+        );
+    }
+    let standby = published.role == Some(RunningRole::Replica);
+    match shared.backups.start(request, standby) {
+        Ok(report) => (StatusCode::ACCEPTED, Json(json!(report))),
+        Err(error) => (StatusCode::CONFLICT, Json(json!({"error": error}))),
+    }
+}
+
+async fn backup_report(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match shared.backups.report(&id) {
+        Some(report) => (StatusCode::OK, Json(json!(report))),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(
+                json!({"error": format!("this instance manager knows no backup {id} (it may have restarted since)")}),
+            ),
+        ),
+    }
+}
+
+async fn switch_wal(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.published.borrow().role != Some(RunningRole::Primary) {
+        return (
+            StatusCode::CONFLICT,
+            Json(json!({"error": "only a primary switches WAL segments"})),
+        );
+    }
+    match database::switch_wal(&shared.pool).await {
+        Ok(lsn) => (StatusCode::OK, Json(json!({"lsn": lsn}))),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": error.to_string()})),
         ),
     }
 }

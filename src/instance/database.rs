@@ -297,6 +297,14 @@ pub async fn promote(pool: &PgPool) -> Result<bool, DatabaseError> {
     Ok(promoted)
 }
 
+/// Closes the current WAL segment so that it is archived; returns where it ended.
+pub async fn switch_wal(pool: &PgPool) -> Result<String, DatabaseError> {
+    sqlx::query_scalar("select pg_switch_wal()::text")
+        .fetch_one(pool)
+        .await
+        .map_err(query("switching to the next WAL segment"))
+}
+
 /// Makes the server re-read its configuration files.
 pub async fn reload(pool: &PgPool) -> Result<(), DatabaseError> {
     sqlx::query("select pg_reload_conf()")

@@ -23,6 +23,7 @@
 
 mod api;
 pub mod archive;
+pub mod backup;
 mod bootstrap;
 mod config;
 mod database;
@@ -179,6 +180,8 @@ pub struct Shared {
     /// WAL archiving: the setting the operator sent (`POST /reload`), what it did,
     /// and the archive socket's work.
     pub archive: Arc<archive::Archive>,
+    /// Base backups taken on this instance (`POST /backup`).
+    pub backups: Arc<backup::Backups>,
 }
 
 impl Shared {
@@ -870,6 +873,12 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         lease: watch::Sender::new(None),
         requests: requests_tx,
         archive,
+        backups: Arc::new(backup::Backups::new(
+            instance.args.instance_name.clone(),
+            instance.args.data_dir.clone(),
+            instance.binaries.clone(),
+            pool.clone(),
+        )),
     });
 
     // The API serves before the server starts: a primary waits for its lease through it,

@@ -12,6 +12,7 @@
 //! with the certificates of `certificates.rs`). One replica of the operator acts at a
 //! time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
 
+mod backup;
 pub mod build;
 mod certificates;
 mod cluster;
@@ -141,6 +142,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         failing,
         started: Mutex::new(BTreeSet::new()),
     });
+    let backups = backup::run(context.shared.clone(), watched(&client, &args));
     tracing::info!("DatabaseCluster controller starting");
     let controller = Controller::new(watched(&client, &args), watcher::Config::default());
     // Deleted clusters (no finalizer: owner references clean up) never reach
@@ -178,7 +180,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             .await
     };
     tokio::select! {
-        () = controller => {}
+        ((), ()) = async { tokio::join!(controller, backups) } => {}
         reason = &mut lost => {
             let reason = reason.unwrap_or_else(|e| format!("the lease keeper stopped: {e}"));
             anyhow::bail!("lost leadership ({reason}); exiting so that only one operator acts");

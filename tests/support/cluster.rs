@@ -172,24 +172,56 @@ impl Drop for LocalVolumes {
 /// `kubectl apply`s a PostgreSQL DatabaseCluster with database `shop` owned by
 /// `clerk`; `extra_spec` is more YAML under `spec:` (two-space indented lines).
 pub fn apply_cluster(namespace: &str, name: &str, replicas: u32, class: &str, extra_spec: &str) {
-    let manifest = std::env::temp_dir().join(format!("{namespace}-{name}.yaml"));
-    std::fs::write(
-        &manifest,
-        format!(
+    apply_manifest(
+        namespace,
+        name,
+        &format!(
             "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: {name}}}\nspec:\n  \
              engine: postgresql\n  version: \"15\"\n  replicas: {replicas}\n  \
              storage: {{size: 1Gi, storageClassName: {class}}}\n  \
              bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n{extra_spec}"
         ),
-    )
-    .expect("writing the manifest");
+    );
+}
+
+/// `kubectl apply`s `yaml` in `namespace` (through a file named after `name`).
+pub fn apply_manifest(namespace: &str, name: &str, yaml: &str) -> String {
+    let manifest = std::env::temp_dir().join(format!("{namespace}-{name}.yaml"));
+    std::fs::write(&manifest, yaml).expect("writing the manifest");
     kubectl_ok(&[
         "apply",
         "-f",
         manifest.to_str().expect("utf-8 path"),
         "-n",
         namespace,
-    ]);
+    ])
+}
+
+/// A superuser connection to instance `pod` of `cluster`, or why there is none (yet).
+pub async fn try_superuser(
+    namespace: &str,
+    cluster: &str,
+    pod: &str,
+) -> Result<PgConnection, String> {
+    let address = instance_addresses(namespace, cluster)
+        .into_iter()
+        .find(|(name, _)| name == pod)
+        .map(|(_, ip)| ip)
+        .ok_or_else(|| format!("{pod} has no address"))?;
+    let password = secret_value(namespace, &format!("{cluster}-superuser"), "password");
+    super::postgres::try_connect(&address, "postgres", &password, "shop").await
+}
+
+/// `status/reason` of condition `type_` of a DatabaseCluster, e.g. `True/Archiving`.
+pub fn condition(namespace: &str, cluster: &str, type_: &str) -> String {
+    jsonpath(
+        "dbc",
+        cluster,
+        namespace,
+        &format!(
+            "{{.status.conditions[?(@.type==\"{type_}\")].status}}/{{.status.conditions[?(@.type==\"{type_}\")].reason}}"
+        ),
+    )
 }
 
 pub fn jsonpath(kind: &str, name: &str, namespace: &str, path: &str) -> String {

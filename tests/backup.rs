@@ -1,0 +1,273 @@
+//! Base backups to the local S3 server, end to end, through `kubectl`: a `Backup` of a
+//! 2-instance cluster under write load is taken from the replica, streamed to
+//! `<namespace>/<cluster>/<system id>/base/<id>/` with its manifest, reports progress,
+//! sizes and WAL/LSN bounds, and sets the cluster's `lastBackup`; a backup survives an
+//! operator restart in the middle; a backup whose instance restarts in the middle is
+//! `Failed`, never `Completed`; a Backup of a missing cluster waits and says why.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use support::cluster::{
+    LocalVolumes, Operator, apply_cluster, apply_manifest, condition, describe, events, jsonpath,
+    phase_and_ready, try_superuser, wait_for,
+};
+use support::{TestNamespace, client, kubectl_ok, s3};
+
+const CLUSTER: &str = "shop";
+const OPERATOR: &str = "127.0.66.1:8080";
+
+fn backup_status(namespace: &str, name: &str, path: &str) -> String {
+    jsonpath("backup", name, namespace, &format!("{{.status.{path}}}"))
+}
+
+fn apply_backup(namespace: &str, name: &str, cluster: &str) {
+    apply_manifest(
+        namespace,
+        name,
+        &format!(
+            "apiVersion: castellan.io/v1alpha1\nkind: Backup\nmetadata: {{name: {name}}}\nspec: {{cluster: {cluster}}}\n"
+        ),
+    );
+}
+
+#[tokio::test]
+async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
+    let _client = client().await;
+    let namespace = TestNamespace::create(&_client, "backup").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create(&format!("{ns}-local"), 1);
+    let mut operator = Some(Operator::start(&ns, OPERATOR));
+    let logs: Vec<PathBuf> = operator.iter().map(|o| o.log.clone()).collect();
+    let diagnostics = || describe(&ns, &logs);
+
+    // A Backup of a cluster that does not exist waits and says why.
+    apply_backup(&ns, "early", "nosuch");
+    wait_for(
+        "a Backup of a missing cluster Pending with the reason",
+        Duration::from_secs(30),
+        || {
+            backup_status(&ns, "early", "phase") == "Pending"
+                && backup_status(&ns, "early", "error").contains("does not exist")
+        },
+        diagnostics,
+    );
+
+    let env = s3::env();
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "s3",
+        "-n",
+        &ns,
+        &format!("--from-literal=accessKeyId={}", env["AWS_ACCESS_KEY_ID"]),
+        &format!(
+            "--from-literal=secretAccessKey={}",
+            env["AWS_SECRET_ACCESS_KEY"]
+        ),
+    ]);
+    apply_cluster(
+        &ns,
+        CLUSTER,
+        2,
+        &volumes.class,
+        &format!(
+            "  backup: {{endpoint: \"{}\", bucket: {}, credentials: {{secretName: s3}}}}\n",
+            env["S3_ENDPOINT"], env["S3_BUCKET"]
+        ),
+    );
+    wait_for(
+        "Ready/2 with archiving",
+        Duration::from_secs(120),
+        || {
+            phase_and_ready(&ns, CLUSTER) == "Ready/2"
+                && condition(&ns, CLUSTER, "ContinuousArchiving") == "True/Archiving"
+        },
+        diagnostics,
+    );
+    let primary = jsonpath("dbc", CLUSTER, &ns, "{.status.currentPrimary}");
+    let mut connection = try_superuser(&ns, CLUSTER, &primary)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Enough data that a backup takes a few seconds: about 150 MiB.
+    sqlx::query(
+        "create table filler as select g as id, repeat(md5(g::text), 16) as pad \
+         from generate_series(1, 250000) g",
+    )
+    .execute(&mut connection)
+    .await
+    .expect("writing filler");
+    sqlx::query("create table orders (id bigserial primary key, item text)")
+        .execute(&mut connection)
+        .await
+        .expect("creating orders");
+    let system_id: i64 = sqlx::query_scalar("select system_identifier from pg_control_system()")
+        .fetch_one(&mut connection)
+        .await
+        .expect("the system identifier");
+
+    // Writes go on during the backups.
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicI64::new(0));
+    let writer = tokio::spawn({
+        let (stop, written) = (stop.clone(), written.clone());
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                if sqlx::query("insert into orders (item) values ('widget')")
+                    .execute(&mut connection)
+                    .await
+                    .is_ok()
+                {
+                    written.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+
+    // A backup under write load comes from the replica, with everything in status.
+    apply_backup(&ns, "first", CLUSTER);
+    let mut progress_seen = Vec::new();
+    wait_for(
+        "the first backup Completed",
+        Duration::from_secs(180),
+        || {
+            progress_seen.push(backup_status(&ns, "first", "progressPercent"));
+            let phase = backup_status(&ns, "first", "phase");
+            assert_ne!(phase, "Failed", "{}", backup_status(&ns, "first", "error"));
+            phase == "Completed"
+        },
+        diagnostics,
+    );
+    let replica = if primary == format!("{CLUSTER}-1") {
+        format!("{CLUSTER}-2")
+    } else {
+        format!("{CLUSTER}-1")
+    };
+    assert_eq!(
+        backup_status(&ns, "first", "instance"),
+        replica,
+        "taken from the replica"
+    );
+    assert_eq!(backup_status(&ns, "first", "progressPercent"), "100");
+    let size: i64 = backup_status(&ns, "first", "sizeBytes")
+        .parse()
+        .expect("sizeBytes");
+    let data: i64 = backup_status(&ns, "first", "dataBytes")
+        .parse()
+        .expect("dataBytes");
+    assert!(
+        data > 100 << 20,
+        "the data directory was copied: {data} bytes"
+    );
+    assert!(
+        size > 0 && size < data,
+        "stored compressed: {size} of {data} bytes"
+    );
+    for field in [
+        "beginWal",
+        "endWal",
+        "beginLsn",
+        "endLsn",
+        "startedAt",
+        "stoppedAt",
+    ] {
+        assert!(
+            !backup_status(&ns, "first", field).is_empty(),
+            "status.{field} set"
+        );
+    }
+    let id = backup_status(&ns, "first", "backupId");
+    let key = format!("{ns}/{CLUSTER}/{system_id}/base/{id}");
+    assert_eq!(
+        backup_status(&ns, "first", "location"),
+        format!("s3://{}/{key}/", env["S3_BUCKET"])
+    );
+    let stored = s3::keys(&key).await;
+    assert!(
+        stored.contains(&format!("{key}/data.tar.zst"))
+            && stored.contains(&format!("{key}/backup.json")),
+        "the data and its manifest are stored: {stored:?}"
+    );
+    let end_wal = backup_status(&ns, "first", "endWal");
+    let folder = format!("{ns}/{CLUSTER}/{system_id}/wals/{}", &end_wal[..16]);
+    let wal = format!("{folder}/{end_wal}.zst");
+    assert!(
+        s3::keys(&folder).await.contains(&wal),
+        "the WAL that makes the backup consistent is archived: {wal}"
+    );
+    assert!(!events(&ns, "BackupCompleted").is_empty());
+    wait_for(
+        "the cluster's lastBackup",
+        Duration::from_secs(30),
+        || jsonpath("dbc", CLUSTER, &ns, "{.status.lastBackup}") == "first",
+        diagnostics,
+    );
+    assert!(!jsonpath("dbc", CLUSTER, &ns, "{.status.firstRecoverabilityPoint}").is_empty());
+    if progress_seen
+        .iter()
+        .any(|p| p.parse::<i32>().is_ok_and(|p| p > 0 && p < 100))
+    {
+        eprintln!("progress seen while running: {progress_seen:?}");
+    }
+
+    // The operator restarted while a backup runs: it follows it to the end.
+    apply_backup(&ns, "second", CLUSTER);
+    wait_for(
+        "the second backup Running",
+        Duration::from_secs(60),
+        || backup_status(&ns, "second", "phase") == "Running",
+        diagnostics,
+    );
+    if let Some(old) = operator.take() {
+        old.terminate();
+    }
+    operator = Some(Operator::start(&ns, OPERATOR));
+    wait_for(
+        "the second backup Completed after the operator restart",
+        Duration::from_secs(180),
+        || backup_status(&ns, "second", "phase") == "Completed",
+        diagnostics,
+    );
+
+    // The instance taking a backup restarted in the middle: Failed, with the reason.
+    apply_backup(&ns, "third", CLUSTER);
+    wait_for(
+        "the third backup Running",
+        Duration::from_secs(60),
+        || backup_status(&ns, "third", "phase") == "Running",
+        diagnostics,
+    );
+    let taker = backup_status(&ns, "third", "instance");
+    kubectl_ok(&["delete", "pod", &taker, "-n", &ns, "--wait=false"]);
+    wait_for(
+        "the third backup Failed",
+        Duration::from_secs(180),
+        || backup_status(&ns, "third", "phase") == "Failed",
+        diagnostics,
+    );
+    let error = backup_status(&ns, "third", "error");
+    assert!(error.contains("never restored"), "{error}");
+    assert!(!events(&ns, "BackupFailed").is_empty());
+    let third = format!(
+        "{ns}/{CLUSTER}/{system_id}/base/{}",
+        backup_status(&ns, "third", "backupId")
+    );
+    assert!(
+        !s3::keys(&third)
+            .await
+            .iter()
+            .any(|k| k.ends_with("backup.json")),
+        "no manifest for the failed backup"
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    writer.await.expect("the writer");
+    assert!(written.load(Ordering::Relaxed) > 0, "writes went on");
+    drop(operator);
+}
