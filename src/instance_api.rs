@@ -128,6 +128,9 @@ pub struct StatusReport {
     /// WAL archiving as the manager runs it.
     #[serde(default)]
     pub archive: ArchiveReport,
+    /// What a restore into this instance's empty volume is doing, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restoring: Option<String>,
 }
 
 /// The server's state as the operator needs it.
@@ -350,6 +353,23 @@ pub struct BackupRequest {
     /// letters, digits, `-` and `_` only.
     pub id: String,
     pub target: ArchiveTarget,
+}
+
+/// `POST /restore`: fill this instance's empty volume from base backup `backup_id` of
+/// the cluster with `system_id` in `source`, and replay that cluster's archived WAL to
+/// the target (to the end of the archive without one); then it is a primary.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreRequest {
+    pub source: ArchiveTarget,
+    pub system_id: String,
+    pub backup_id: String,
+    /// `recovery_target_time`, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_time: Option<String>,
+    /// `recovery_target_lsn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_lsn: Option<String>,
 }
 
 /// Where a base backup is in its life on the instance taking it.

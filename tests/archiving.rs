@@ -102,29 +102,13 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
     let logs: Vec<PathBuf> = operator.iter().map(|o| o.log.clone()).collect();
     let diagnostics = || describe(&ns, &logs);
 
-    let env = s3::env();
-    kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        "s3",
-        "-n",
-        &ns,
-        &format!("--from-literal=accessKeyId={}", env["AWS_ACCESS_KEY_ID"]),
-        &format!(
-            "--from-literal=secretAccessKey={}",
-            env["AWS_SECRET_ACCESS_KEY"]
-        ),
-    ]);
+    s3::create_secret(&ns);
     apply_cluster(
         &ns,
         CLUSTER,
         2,
         &volumes.class,
-        &format!(
-            "  backup: {{endpoint: \"{}\", bucket: {}, credentials: {{secretName: s3}}}}\n",
-            env["S3_ENDPOINT"], env["S3_BUCKET"]
-        ),
+        &format!("  backup: {}\n", s3::backup_target(None)),
     );
     wait_for(
         "Ready/2 with archiving",

@@ -57,29 +57,13 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
         diagnostics,
     );
 
-    let env = s3::env();
-    kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        "s3",
-        "-n",
-        &ns,
-        &format!("--from-literal=accessKeyId={}", env["AWS_ACCESS_KEY_ID"]),
-        &format!(
-            "--from-literal=secretAccessKey={}",
-            env["AWS_SECRET_ACCESS_KEY"]
-        ),
-    ]);
+    s3::create_secret(&ns);
     apply_cluster(
         &ns,
         CLUSTER,
         2,
         &volumes.class,
-        &format!(
-            "  backup: {{endpoint: \"{}\", bucket: {}, credentials: {{secretName: s3}}}}\n",
-            env["S3_ENDPOINT"], env["S3_BUCKET"]
-        ),
+        &format!("  backup: {}\n", s3::backup_target(None)),
     );
     wait_for(
         "Ready/2 with archiving",
@@ -186,7 +170,7 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
     let key = format!("{ns}/{CLUSTER}/{system_id}/base/{id}");
     assert_eq!(
         backup_status(&ns, "first", "location"),
-        format!("s3://{}/{key}/", env["S3_BUCKET"])
+        format!("s3://{}/{key}/", s3::env()["S3_BUCKET"])
     );
     let stored = s3::keys(&key).await;
     assert!(

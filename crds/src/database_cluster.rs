@@ -293,13 +293,33 @@ fn default_application_name() -> String {
     "app".to_owned()
 }
 
-/// Restore from a `Backup` of this namespace.
+/// Restore a backup: a completed `Backup` of this namespace, or the newest suitable
+/// backup found in an object-store location (when the source cluster and its objects
+/// are gone).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.backup) != has(self.source)").message("bootstrap.recovery must name exactly one of backup (a Backup in this namespace) or source (an object-store location)"),
+    validation = Rule::new("!(has(self.targetTime) && has(self.targetLsn))").message("bootstrap.recovery takes at most one of targetTime and targetLsn"),
+    validation = Rule::new("!has(self.source) || has(self.source.path)").message("bootstrap.recovery.source.path is required: the prefix the source cluster archived under, such as default/shop"),
+)]
 pub struct Recovery {
     /// Name of the `Backup` to restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    pub backup: String,
+    pub backup: Option<String>,
+
+    /// An object-store location a cluster archived to (its `spec.backup` then): the
+    /// newest completed base backup there that ends before the target is restored.
+    /// `retention` is ignored here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<BackupTarget>,
+
+    /// Replay archived WAL up to this LSN (such as `0/3000060`) instead of a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 17))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$')").message("bootstrap.recovery.targetLsn must be an LSN such as 0/3000060"))]
+    pub target_lsn: Option<String>,
 
     /// Replay archived WAL up to this moment (RFC 3339, such as
     /// `2026-11-30T12:00:00Z`); without it, up to the end of the archive.

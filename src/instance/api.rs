@@ -37,7 +37,7 @@ use tracing::Instrument;
 use super::{Request, Shared, database};
 use crate::instance_api::{
     BackupRequest, FenceRequest, LeaseRequest, LeaseResponse, PromoteRequest, ReloadRequest,
-    RunningRole, StatusReport,
+    RestoreRequest, RunningRole, StatusReport,
 };
 
 type Response = (StatusCode, Json<Value>);
@@ -61,6 +61,7 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, shared
         .route("/backup", post(backup))
         .route("/backup/{id}", get(backup_report))
         .route("/switch-wal", post(switch_wal))
+        .route("/restore", post(restore))
         .layer(axum::middleware::from_fn(traced))
         .with_state(shared);
     let acceptor = TlsAcceptor::from(tls);
@@ -144,6 +145,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         server: None,
         error: None,
         archive: shared.archive.report(),
+        restoring: published.restoring,
     };
     if !published.running {
         report.error = Some("postgres is not running".to_owned());
@@ -241,6 +243,13 @@ async fn backup_report(
             ),
         ),
     }
+}
+
+async fn restore(
+    State(shared): State<Arc<Shared>>,
+    Json(request): Json<RestoreRequest>,
+) -> Response {
+    submit(&shared, Request::Restore(Box::new(request))).await
 }
 
 async fn switch_wal(State(shared): State<Arc<Shared>>) -> Response {

@@ -52,6 +52,9 @@ const ZSTD_LEVEL: i32 = 3;
 /// How many waiting segments one request stores beside the one asked for.
 const AHEAD: usize = 3;
 
+/// How long a restore replaying another cluster's archive waits for a file.
+const SOURCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// How long a restore may wait for the archive before the file counts as missing.
 const RESTORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -80,6 +83,8 @@ pub enum ArchiveError {
         file: String,
         source: std::io::Error,
     },
+    #[error("reading {0} from the object store took longer than {1:?}")]
+    Timeout(String, std::time::Duration),
     #[error("reading the system identifier with pg_controldata: {0}")]
     SystemId(String),
     #[error("setting up the S3 client for {endpoint}: {source}")]
@@ -185,6 +190,8 @@ pub struct Archive {
     published: watch::Receiver<Published>,
     setting: Mutex<Setting>,
     report: Mutex<ArchiveReport>,
+    /// While a restore replays another cluster's WAL: where `restore` reads from.
+    source: Mutex<Option<Arc<Archiver>>>,
 }
 
 impl Archive {
@@ -199,7 +206,30 @@ impl Archive {
             published,
             setting: Mutex::new(Setting::Unknown),
             report: Mutex::new(ArchiveReport::default()),
+            source: Mutex::new(None),
         }
+    }
+
+    /// Whether WAL is read from another cluster's archive (a restore).
+    pub fn replaying_source(&self) -> bool {
+        self.source.lock().is_ok_and(|s| s.is_some())
+    }
+
+    /// Reads WAL from `source` instead of this cluster's archive (a restore replaying
+    /// the cluster it came from), or from the archive again (`None`). Archiving is not
+    /// affected: the restored cluster never writes into its source's archive.
+    pub fn read_from(&self, source: Option<&ArchiveTarget>) -> Result<(), ArchiveError> {
+        let archiver = match source {
+            Some(target) => Some(Arc::new(Archiver::new(
+                &ArchiveConfig::new(Some(target.clone())),
+                target,
+            )?)),
+            None => None,
+        };
+        if let Ok(mut current) = self.source.lock() {
+            *current = archiver;
+        }
+        Ok(())
     }
 
     fn setting(&self) -> Setting {
@@ -317,16 +347,28 @@ impl Archive {
     /// counts as not having it: a slow object store must not keep a replica from
     /// following a new primary.
     pub async fn restore(&self, file: &str, dest: &Path) -> Result<bool, ArchiveError> {
-        let Setting::On(archiver) = self.setting() else {
-            return Ok(false);
+        let source = self.source.lock().ok().and_then(|s| s.clone());
+        let replaying = source.is_some();
+        let archiver = match (source, self.setting()) {
+            (Some(source), _) => source,
+            (None, Setting::On(archiver)) => archiver,
+            (None, _) => return Ok(false),
         };
         let key = wal_key(&archiver.prefix, self.system_id(&archiver).await?, file);
         let location = ObjectPath::from(key.as_str());
-        let fetched = tokio::time::timeout(RESTORE_TIMEOUT, async {
+        // A restore waits longer, and a store that does not answer is an error there:
+        // taken as "missing" it would end the recovery early, short of the target.
+        let timeout = if replaying {
+            SOURCE_TIMEOUT
+        } else {
+            RESTORE_TIMEOUT
+        };
+        let fetched = tokio::time::timeout(timeout, async {
             archiver.store.get(&location).await?.bytes().await
         })
         .await;
         let compressed = match fetched {
+            Err(_) if replaying => return Err(ArchiveError::Timeout(key, timeout)),
             Err(_) => {
                 tracing::warn!(%key, "the archive did not answer in time: the file counts as missing");
                 return Ok(false);
@@ -537,6 +579,9 @@ pub async fn serve(listener: UnixListener, archive: Arc<Archive>) {
                     Some((file, dest)) => match archive.restore(file, Path::new(dest)).await {
                         Ok(true) => "ok\n".to_owned(),
                         Ok(false) => "missing\n".to_owned(),
+                        // Replaying a source, a file that cannot be read must stop the
+                        // recovery rather than end it as if the archive ended there.
+                        Err(error) if archive.replaying_source() => format!("fatal {error}\n"),
                         Err(error) => format!("error {error}\n"),
                     },
                     None => format!("error malformed request {request:?}\n"),
@@ -596,6 +641,14 @@ pub async fn request_restore(socket: &Path, file: &str, dest: &Path) -> anyhow::
     {
         "ok" => Ok(()),
         "missing" => anyhow::bail!("{file} is not in the archive"),
+        // PostgreSQL aborts a recovery whose restore_command exits above 125.
+        fatal if fatal.starts_with("fatal ") => {
+            eprintln!(
+                "castellan wal-restore: {file} could not be read from the archive: {}; stopping the recovery",
+                &fatal[6..]
+            );
+            std::process::exit(255)
+        }
         other => anyhow::bail!(
             "the instance manager did not restore {file}: {}",
             other.strip_prefix("error ").unwrap_or(other)

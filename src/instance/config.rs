@@ -54,6 +54,16 @@ pub struct Settings<'a> {
     /// `restore_command`: the instance manager fetches a WAL file from the archive (a
     /// replica catching up past what its primary still has).
     pub restore_command: &'a str,
+    /// While a restore replays its source's WAL: where to stop (the end of the archive
+    /// without a target), after which the server promotes itself.
+    pub recovery: Option<&'a RecoveryTarget>,
+}
+
+/// Where a restore's recovery stops: at most one of the two.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryTarget {
+    pub time: Option<String>,
+    pub lsn: Option<String>,
 }
 
 /// Quotes a value for postgresql.conf: single quotes, with `'` doubled.
@@ -137,6 +147,16 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
     // For both roles: it needs a restart to change, so a promoted primary whose file
     // dropped it would report a pending restart for nothing.
     let _ = writeln!(conf, "recovery_target_timeline = 'latest'");
+    if let Some(target) = settings.recovery {
+        if let Some(time) = &target.time {
+            let _ = writeln!(conf, "recovery_target_time = {}", quote(time));
+        }
+        if let Some(lsn) = &target.lsn {
+            let _ = writeln!(conf, "recovery_target_lsn = {}", quote(lsn));
+        }
+        // Commits at exactly the target time are kept; then a new timeline begins.
+        let _ = writeln!(conf, "recovery_target_action = 'promote'");
+    }
     conf
 }
 
@@ -185,6 +205,7 @@ mod tests {
             max_slot_wal_keep_size: "256MB",
             archive_command: "'/bin/castellan' wal-archive --socket '/run/a.sock' %p",
             restore_command: "'/bin/castellan' wal-restore --socket '/run/a.sock' %f %p",
+            recovery: None,
         }
     }
 

@@ -28,6 +28,7 @@ mod bootstrap;
 mod config;
 mod database;
 mod postmaster;
+mod restore;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -42,8 +43,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::instance_api::{
-    FenceResponse, LeaseGrant, PromoteRequest, PromoteResponse, ReloadResponse, RunningRole,
-    slot_name,
+    FenceResponse, LeaseGrant, PromoteRequest, PromoteResponse, ReloadResponse, RestoreRequest,
+    RunningRole, slot_name,
 };
 use bootstrap::Binaries;
 use config::{Role, Upstream};
@@ -107,6 +108,10 @@ pub struct InstanceArgs {
     /// never had data. Without it, a primary on an empty volume waits for the operator.
     #[arg(long, env = "CASTELLAN_ALLOW_INITDB", default_value_t = false, action = clap::ArgAction::Set)]
     pub allow_initdb: bool,
+    /// The cluster is made from a backup: an empty volume waits for the operator's
+    /// `POST /restore` (the first instance of a cluster with `bootstrap.recovery`).
+    #[arg(long, env = "CASTELLAN_AWAIT_RESTORE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub await_restore: bool,
     /// Host replicas follow: the cluster's `-rw` Service.
     #[arg(long, env = "CASTELLAN_UPSTREAM_HOST")]
     pub upstream_host: Option<String>,
@@ -150,6 +155,7 @@ pub enum Request {
         synchronous_standby_names: Option<String>,
         slots: Option<Vec<String>>,
     },
+    Restore(Box<RestoreRequest>),
 }
 
 pub type Reply = oneshot::Sender<Result<serde_json::Value, String>>;
@@ -165,6 +171,8 @@ pub struct Published {
     /// The server parameters the configuration was last written with, reported so the
     /// operator knows which instances a spec change has not reached.
     pub parameters: BTreeMap<String, String>,
+    /// What a restore into the empty volume is doing, or why it failed.
+    pub restoring: Option<String>,
 }
 
 /// What the HTTP API and the heartbeat share with the supervisor.
@@ -284,7 +292,23 @@ impl Instance {
         }
     }
 
-    fn conf(&self, role: &Role, parameters: &BTreeMap<String, String>, sync_names: &str) -> String {
+    /// The marker of a restore under way, beside the data directory: a restore that
+    /// failed may empty the data directory it filled, and only that one.
+    fn restore_marker(&self) -> PathBuf {
+        self.args
+            .data_dir
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join("castellan.restoring")
+    }
+
+    fn conf(
+        &self,
+        role: &Role,
+        parameters: &BTreeMap<String, String>,
+        sync_names: &str,
+        recovery: Option<&config::RecoveryTarget>,
+    ) -> String {
         let (archive_command, restore_command) = self.wal_commands();
         config::render_castellan_conf(&config::Settings {
             cluster_name: &self.args.cluster_name,
@@ -299,6 +323,7 @@ impl Instance {
             max_slot_wal_keep_size: &self.args.max_slot_wal_keep_size,
             archive_command: &archive_command,
             restore_command: &restore_command,
+            recovery,
         })
     }
 
@@ -317,6 +342,7 @@ impl Instance {
                 Ok(Some(Role::Primary))
             }
             (StartRole::Primary, false) => Ok(None),
+            // The operator sends the backup to restore (`POST /restore`).
             (StartRole::Replica, _) => self.clone_primary().await.map(Some),
         }
     }
@@ -395,7 +421,7 @@ impl Instance {
     ) -> Result<(), bootstrap::BootstrapError> {
         bootstrap::write_role_files(
             &self.args.data_dir,
-            &self.conf(role, parameters, sync_names),
+            &self.conf(role, parameters, sync_names, None),
             role,
         )
         .await
@@ -458,9 +484,14 @@ impl Instance {
     }
 
     /// On a primary: Castellan's schema, the replication role and the application's
-    /// role and database, all idempotent.
-    async fn prepare_primary(&self, pool: &PgPool) -> anyhow::Result<()> {
+    /// role and database, all idempotent. A restored primary also gets this cluster's
+    /// superuser password (the backup carries its source's).
+    async fn prepare_primary(&self, pool: &PgPool, restored: bool) -> anyhow::Result<()> {
         database::migrate(pool).await?;
+        if restored {
+            let superuser = read_secret(&self.args.superuser_password_file).await?;
+            database::ensure_role(pool, "postgres", &superuser, "superuser").await?;
+        }
         let replication = read_secret(&self.args.replication_password_file).await?;
         database::ensure_role(pool, config::REPLICATION_USER, &replication, "replication").await?;
         if let Some(file) = &self.args.app_password_file {
@@ -505,6 +536,12 @@ struct Supervisor {
     /// When the server last started.
     started: Instant,
     problem: Option<String>,
+    /// The restore the operator asked for, until it is done.
+    restore: Option<RestoreRequest>,
+    /// What it is doing, for the status report.
+    restoring: Option<String>,
+    /// This primary was restored from a backup since the process began.
+    restored: bool,
 }
 
 impl Supervisor {
@@ -540,6 +577,7 @@ impl Supervisor {
             fenced: self.fenced,
             problem: self.problem.clone(),
             parameters: self.parameters.clone(),
+            restoring: self.restoring.clone(),
         });
     }
 
@@ -557,6 +595,25 @@ impl Supervisor {
     async fn settle(&mut self) {
         if Instant::now() < self.not_before {
             return;
+        }
+        if self.role.is_none()
+            && let Some(request) = self.restore.clone()
+        {
+            match self.run_restore(&request).await {
+                Ok(()) => {
+                    self.role = Some(Role::Primary);
+                    self.restore = None;
+                    self.restoring = None;
+                    self.restored = true;
+                    self.problem = None;
+                }
+                Err(error) => {
+                    self.restoring = Some(format!("the restore failed and is retried: {error:#}"));
+                    self.back_off(&error, "restoring the backup failed; retrying");
+                    self.publish();
+                    return;
+                }
+            }
         }
         if self.rejoin && self.postmaster.is_none() && !self.fenced {
             match self.instance.rejoin().await {
@@ -583,7 +640,11 @@ impl Supervisor {
                     self.started = Instant::now();
                     self.problem = None;
                     if role == Role::Primary && !self.prepared {
-                        match self.instance.prepare_primary(&self.pool).await {
+                        match self
+                            .instance
+                            .prepare_primary(&self.pool, self.restored)
+                            .await
+                        {
                             Ok(()) => self.prepared = true,
                             Err(error) => {
                                 tracing::warn!(error = %format!("{error:#}"), "preparing the primary failed; retrying on the next start");
@@ -642,7 +703,143 @@ impl Supervisor {
                 .reload(parameters, synchronous_standby_names, slots)
                 .await
                 .map(to_json),
+            Request::Restore(request) => self.accept_restore(*request),
         }
+    }
+
+    /// Takes a restore request: only for an empty volume the operator is told to fill
+    /// from a backup. The work is done by [`Supervisor::settle`].
+    fn accept_restore(&mut self, request: RestoreRequest) -> Result<serde_json::Value, String> {
+        if !self.instance.args.await_restore {
+            return Err("this instance was not created to be restored into".to_owned());
+        }
+        if self.role.is_some() {
+            return Err(
+                "this instance has data already: a restore only fills an empty volume".to_owned(),
+            );
+        }
+        if self.restore.as_ref() != Some(&request) {
+            tracing::info!(backup = %request.backup_id, source = ?request.source, "restore requested");
+            self.restore = Some(request);
+            self.restoring = Some("restore requested".to_owned());
+            self.not_before = Instant::now();
+            self.restarts = restart_backoff();
+            self.publish();
+        }
+        Ok(serde_json::json!({"accepted": true}))
+    }
+
+    fn set_restoring(&mut self, what: String) {
+        tracing::info!(restore = %what, "restoring");
+        self.restoring = Some(what);
+        self.publish();
+    }
+
+    /// Fills the empty volume from the backup and replays the source's WAL to the
+    /// target; the server promotes itself there, and is stopped cleanly to start again
+    /// as this cluster's primary under the operator's lease.
+    async fn run_restore(&mut self, request: &RestoreRequest) -> anyhow::Result<()> {
+        let instance = self.instance.clone();
+        let data_dir = instance.args.data_dir.clone();
+        let marker = instance.restore_marker();
+        private_dir(&data_dir).await?;
+        let empty = std::fs::read_dir(&data_dir)
+            .with_context(|| format!("listing {}", data_dir.display()))?
+            .next()
+            .is_none();
+        if !empty {
+            if !marker.exists() {
+                anyhow::bail!(
+                    "{} is not empty and no restore of Castellan's filled it: it is left untouched",
+                    data_dir.display()
+                );
+            }
+            // What an earlier attempt of this restore left.
+            bootstrap::clear_dir(&data_dir).await?;
+        }
+        tokio::fs::write(&marker, request.backup_id.as_bytes())
+            .await
+            .with_context(|| format!("writing {}", marker.display()))?;
+
+        let read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let unpack = restore::unpack(request, &data_dir, read.clone());
+        tokio::pin!(unpack);
+        let manifest = loop {
+            tokio::select! {
+                outcome = &mut unpack => break outcome?,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {
+                    let mib = read.load(std::sync::atomic::Ordering::Relaxed) >> 20;
+                    self.set_restoring(format!(
+                        "downloading base backup {}: {mib} MiB received",
+                        request.backup_id
+                    ));
+                }
+            }
+        };
+        let target = config::RecoveryTarget {
+            time: request.target_time.clone(),
+            lsn: request.target_lsn.clone(),
+        };
+        let conf = instance.conf(&Role::Primary, &self.parameters, "", Some(&target));
+        bootstrap::write_role_files(&data_dir, &conf, &Role::Primary).await?;
+        bootstrap::write_private(&data_dir.join("recovery.signal"), "").await?;
+        self.shared
+            .archive
+            .read_from(Some(&request.source))
+            .context("reading the source cluster's archive")?;
+        let replayed = self.replay(&manifest).await;
+        let _ = self.shared.archive.read_from(None);
+        replayed?;
+        instance
+            .write_config(&Role::Primary, &self.parameters, &self.sync_names)
+            .await?;
+        tokio::fs::remove_file(&marker)
+            .await
+            .with_context(|| format!("removing {}", marker.display()))?;
+        tracing::info!(backup = %request.backup_id, "restored; the server starts as primary under the lease");
+        Ok(())
+    }
+
+    /// Runs the server in archive recovery until it promotes itself at the target (or
+    /// the end of the archive), then stops it cleanly.
+    async fn replay(&mut self, manifest: &crate::instance_api::BackupReport) -> anyhow::Result<()> {
+        let instance = self.instance.clone();
+        let mut postmaster = Postmaster::start(&instance.binaries, &instance.args.data_dir)?;
+        self.set_restoring(format!(
+            "replaying WAL from the archive, from {}",
+            manifest
+                .begin_lsn
+                .as_deref()
+                .unwrap_or("the backup's start")
+        ));
+        loop {
+            tokio::select! {
+                exit = postmaster.exited() => anyhow::bail!(
+                    "postgres stopped during the recovery ({exit:?}); its log above says why"
+                ),
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let state: Result<(bool, Option<String>), sqlx::Error> = sqlx::query_as(
+                "select pg_is_in_recovery(), coalesce(pg_last_wal_replay_lsn(), pg_current_wal_lsn())::text",
+            )
+            .fetch_one(&self.pool)
+            .await;
+            match state {
+                Ok((false, _)) => break,
+                Ok((true, lsn)) => self.set_restoring(format!(
+                    "replaying WAL from the archive: at {}",
+                    lsn.unwrap_or_default()
+                )),
+                // Not accepting connections before the backup is consistent.
+                Err(_) => {}
+            }
+        }
+        self.set_restoring("recovered; promoted at the target, restarting as primary".to_owned());
+        sqlx::query("checkpoint")
+            .execute(&self.pool)
+            .await
+            .context("checkpointing after the recovery")?;
+        instance.stop(postmaster, Shutdown::Fast).await
     }
 
     async fn promote(&mut self, request: PromoteRequest) -> Result<PromoteResponse, String> {
@@ -920,6 +1117,12 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         Holds::Replica => (Some(Role::Replica(instance.upstream()?)), None),
         Holds::Nothing => match instance.fill().await? {
             Some(role) => (Some(role), None),
+            None if instance.args.await_restore => {
+                tracing::info!(
+                    "empty volume: waiting for the operator to send the backup to restore"
+                );
+                (None, None)
+            }
             None => {
                 let problem = "the volume is empty but this cluster already has data: \
                                waiting for the operator to make this instance a replica of the \
@@ -948,6 +1151,10 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         restarts: restart_backoff(),
         started: Instant::now(),
         problem,
+        restore: None,
+        // Absent until the operator sends the restore: that is how it knows to.
+        restoring: None,
+        restored: false,
     };
     supervisor.settle().await;
 

@@ -381,7 +381,8 @@ pub fn slot_wal_limit_bytes(cluster: &DatabaseCluster) -> u64 {
 /// The pod of instance `n`: the instance manager as PID 1, its volume, the credential
 /// files, a readiness probe on "accepting connections in its role", and a preference
 /// for a node without another instance of the cluster. `allow_initdb` only for the
-/// first instance of a cluster that never had data.
+/// first instance of a cluster that never had data: it runs initdb, or with
+/// `bootstrap.recovery` waits for the backup to restore.
 pub fn pod(
     cluster: &DatabaseCluster,
     n: u32,
@@ -392,6 +393,12 @@ pub fn pod(
 ) -> Pod {
     let instance = instance_name(cluster, n);
     let (database, owner) = application(cluster);
+    let restore = allow_initdb
+        && cluster
+            .spec
+            .bootstrap
+            .as_ref()
+            .is_some_and(|b| b.recovery.is_some());
     let parameters =
         serde_json::to_string(&cluster.spec.parameters).unwrap_or_else(|_| "{}".to_owned());
     let secret_volume = |what: &str| Volume {
@@ -422,7 +429,15 @@ pub fn pod(
                 env("CASTELLAN_ROLE", role.as_str()),
                 env(
                     "CASTELLAN_ALLOW_INITDB",
-                    if allow_initdb { "true" } else { "false" },
+                    if allow_initdb && !restore {
+                        "true"
+                    } else {
+                        "false"
+                    },
+                ),
+                env(
+                    "CASTELLAN_AWAIT_RESTORE",
+                    if restore { "true" } else { "false" },
                 ),
                 env("CASTELLAN_UPSTREAM_HOST", upstream_host),
                 env("CASTELLAN_PARAMETERS", parameters),

@@ -23,6 +23,7 @@ mod leader;
 mod object_store;
 mod reconcile;
 mod replica;
+mod restore;
 mod root;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,6 +3,7 @@
 //! credentials read from the Secret it names.
 
 use castellan_crds::DatabaseCluster;
+use castellan_crds::database_cluster::BackupTarget;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
 
@@ -32,7 +33,21 @@ pub async fn archive_setting(
         return Ok(ArchiveConfig::new(None));
     };
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let prefix = prefix(cluster, backup.path.as_deref());
+    target(client, &namespace, backup, prefix)
+        .await
+        .map(|target| ArchiveConfig::new(Some(target)))
+}
+
+/// The object store `backup` names, under `prefix`, with the credentials from its
+/// Secret in `namespace`.
+pub async fn target(
+    client: &Client,
+    namespace: &str,
+    backup: &BackupTarget,
+    prefix: String,
+) -> Result<ArchiveTarget, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let name = &backup.credentials.secret_name;
     let secret = secrets
         .get_opt(name)
@@ -51,14 +66,14 @@ pub async fn archive_setting(
             .map(|v| v.trim().to_owned())
             .map_err(|_| format!("Secret {name}'s key {key} is not UTF-8 text"))
     };
-    Ok(ArchiveConfig::new(Some(ArchiveTarget {
+    Ok(ArchiveTarget {
         endpoint: backup.endpoint.trim_end_matches('/').to_owned(),
         bucket: backup.bucket.clone(),
-        prefix: prefix(cluster, backup.path.as_deref()),
+        prefix,
         region: backup.region.clone(),
         access_key_id: key(&backup.credentials.access_key_id_key)?,
         secret_access_key: key(&backup.credentials.secret_access_key_key)?,
-    })))
+    })
 }
 
 #[cfg(test)]

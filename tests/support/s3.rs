@@ -90,3 +90,32 @@ pub fn server(action: &str) {
         .expect("running deploy/local/s3.sh");
     assert!(status.success(), "deploy/local/s3.sh {action} failed");
 }
+
+/// Creates Secret `s3` in `namespace` with the local server's keys.
+pub fn create_secret(namespace: &str) {
+    let env = env();
+    super::kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "s3",
+        "-n",
+        namespace,
+        &format!("--from-literal=accessKeyId={}", env["AWS_ACCESS_KEY_ID"]),
+        &format!(
+            "--from-literal=secretAccessKey={}",
+            env["AWS_SECRET_ACCESS_KEY"]
+        ),
+    ]);
+}
+
+/// The local server as a `spec.backup` (or `recovery.source`) value in flow style,
+/// with Secret `s3` (`create_secret`); `path` when given.
+pub fn backup_target(path: Option<&str>) -> String {
+    let env = env();
+    let path = path.map(|p| format!(", path: {p}")).unwrap_or_default();
+    format!(
+        "{{endpoint: \"{}\", bucket: {}{path}, credentials: {{secretName: s3}}}}",
+        env["S3_ENDPOINT"], env["S3_BUCKET"]
+    )
+}

@@ -31,6 +31,7 @@ use serde_json::Value;
 use super::archiving::{archive_assessment, archiving_changed, wanted_archive};
 use super::primary::{fenced_instances, finish_promotion, primary_assessment, supervise_primary};
 use super::quorum::{quorum_standbys, synchronous_assessment, synchronous_changed};
+use super::restoring::{record_restore_changes, restore_assessment, restore_command};
 use super::state::*;
 use super::switchover::switchover_step_done;
 use crate::operator::build;
@@ -104,6 +105,7 @@ impl StateMachine for ClusterMachine {
                 if let Some(archive) = found.archive {
                     state.archive = Some(archive);
                 }
+                state.restore = found.restore;
                 if state.primary.is_none() {
                     state.primary = state
                         .members
@@ -256,6 +258,13 @@ fn record_outcome(
         (Command::Fence(false), Ok(_)) => {
             Note::normal("Unfenced", format!("{instance} is no longer fenced"))
         }
+        (Command::Restore(request), Ok(_)) => Note::normal(
+            "Restoring",
+            format!(
+                "{instance} restores base backup {} of the cluster archived under {}",
+                request.backup_id, request.source.prefix
+            ),
+        ),
         // A promotion's outcome is the failover's or the switchover's to report
         // (`FailedOver`, `SwitchedOver`); it never comes here.
         (Command::Promote(_), Ok(_)) => return,
@@ -309,6 +318,7 @@ pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect
         primary_condition: primary_assessment(state),
         synchronous_condition: synchronous_assessment(state, &cluster),
         archive_condition: archive_assessment(state),
+        restore_condition: restore_assessment(state),
         cluster,
     }));
 }
@@ -351,6 +361,12 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
         state.commands.contains_key(name) || state.stale.contains(name)
     };
     let mut planned: Vec<(String, Command)> = Vec::new();
+    if let Some((name, command)) = restore_command(state)
+        && !busy(state, &name)
+    {
+        planned.push((name, command));
+    }
+    record_restore_changes(state, effects);
 
     // Fencing as the annotation asks, before anything else is asked of an instance.
     let fenced = fenced_instances(&cluster, &state.members);
@@ -500,6 +516,7 @@ mod tests {
             members: members(1),
             ready: false,
             archive: None,
+            restore: None,
         };
         let (state, effects) = step(state, ClusterEvent::Converged(Ok(found)));
         assert!(state.converging && !state.again);
@@ -517,6 +534,7 @@ mod tests {
             members: members(2),
             ready: true,
             archive: None,
+            restore: None,
         };
         let (state, effects) = step(state, ClusterEvent::Converged(Ok(found.clone())));
         assert!(!state.converging);
@@ -550,6 +568,7 @@ mod tests {
             members: members(2),
             ready: false,
             archive: None,
+            restore: None,
         };
         let (_, effects) = step(state, ClusterEvent::Converged(Ok(found)));
         assert_eq!(notes(&effects), vec!["InstancesNotReady"]);
@@ -598,6 +617,7 @@ mod tests {
             members: members(1),
             ready: true,
             archive: None,
+            restore: None,
         };
         let (state, effects) = step(state, ClusterEvent::Converged(Ok(found)));
         assert_eq!(notes(&effects), vec!["Recovered", "ClusterReady"]);
@@ -886,6 +906,7 @@ mod tests {
             members: members(1),
             ready: true,
             archive: None,
+            restore: None,
         };
         let (state, _) = step(state, ClusterEvent::Converged(Ok(found)));
         assert!(!state.views.contains_key("db-2") && state.commands.is_empty());

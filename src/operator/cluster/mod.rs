@@ -25,6 +25,7 @@ pub mod pass;
 pub mod plan;
 mod primary;
 mod quorum;
+mod restoring;
 pub mod shell;
 mod state;
 mod switchover;

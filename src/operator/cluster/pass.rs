@@ -252,8 +252,14 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     };
     let plan = plan::plan(order, &observed);
     enact(&plan, cluster, &upstream, context).await?;
+    let restore = if super::restoring::awaiting_restore(cluster) {
+        crate::operator::restore::request(client, cluster).await
+    } else {
+        None
+    };
     Ok(Converged {
         archive: Some(crate::operator::object_store::archive_setting(client, cluster).await),
+        restore,
         ..plan.converged
     })
 }

@@ -181,6 +181,12 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             .clone()
             .map(|a| condition(cluster, "ContinuousArchiving", a, now)),
     )
+    .chain(
+        order
+            .restore_condition
+            .clone()
+            .map(|a| condition(cluster, "Restored", a, now)),
+    )
     .collect();
     let status = DatabaseClusterStatus {
         observed_generation: cluster.metadata.generation,
@@ -201,6 +207,7 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             members: members(order, observed, primary, &create, &remove),
             ready: all_ready,
             archive: None,
+            restore: None,
         },
         create,
         remove,
@@ -551,6 +558,7 @@ mod tests {
             primary_condition: Assessment::new(true, "Available", "the primary serves"),
             synchronous_condition: None,
             archive_condition: None,
+            restore_condition: None,
         }
     }
 

@@ -142,6 +142,12 @@ pub(super) fn supervise_primary(
 
     demote_strays(state, effects, &primary);
 
+    // A cluster being restored has no data anywhere else: nothing to fail over to.
+    if super::restoring::awaiting_restore(&cluster) {
+        state.unavailable_since = None;
+        return;
+    }
+
     if fenced.contains(&primary) {
         // A fenced primary is the user's decision: no failover replaces it.
         state.unavailable_since = None;

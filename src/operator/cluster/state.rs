@@ -10,7 +10,7 @@ use castellan_crds::DatabaseCluster;
 use serde_json::Value;
 
 use super::failover::Quorum;
-use crate::instance_api::{ArchiveConfig, LeaseGrant, PromoteRequest};
+use crate::instance_api::{ArchiveConfig, LeaseGrant, PromoteRequest, RestoreRequest};
 use crate::operator::replica::{Command, InstanceView};
 
 /// Annotation naming the instances to fence: a JSON list of pod names, or `["*"]` for
@@ -49,6 +49,8 @@ pub struct Converged {
     /// The WAL archive setting the pass read (`spec.backup` and its credentials), or
     /// why it could not; `None` when the pass did not read it.
     pub archive: Option<Result<ArchiveConfig, String>>,
+    /// With `bootstrap.recovery` and no data yet: the restore for the first instance.
+    pub restore: Option<Result<RestoreRequest, String>>,
 }
 
 /// What a pass is asked to do.
@@ -73,6 +75,8 @@ pub struct ConvergeOrder {
     pub synchronous_condition: Option<Assessment>,
     /// With `spec.backup`: whether WAL reaches the object store.
     pub archive_condition: Option<Assessment>,
+    /// With `bootstrap.recovery`: whether the restore is done.
+    pub restore_condition: Option<Assessment>,
 }
 
 /// A condition's status, reason and message, decided by the machine.
@@ -248,6 +252,11 @@ pub struct ClusterState {
     /// Warning per episode).
     pub wal_piling: bool,
     pub switchover: Option<Switchover>,
+    /// With `bootstrap.recovery`, before the cluster has data: the restore the pass
+    /// resolved for the first instance, or why it cannot go ahead.
+    pub restore: Option<Result<RestoreRequest, String>>,
+    /// The restore problem last reported with a Warning.
+    pub restore_warned: Option<String>,
 }
 
 #[derive(Debug)]

@@ -12,7 +12,8 @@ use castellan_actors::StateMachine;
 use serde_json::Value;
 
 use crate::instance_api::{
-    ArchiveConfig, ArchiveReport, LeaseGrant, Lsn, PromoteRequest, RunningRole, StatusReport,
+    ArchiveConfig, ArchiveReport, LeaseGrant, Lsn, PromoteRequest, RestoreRequest, RunningRole,
+    StatusReport,
 };
 
 /// How often an instance's status is read. It is also how often the primary's lease
@@ -59,6 +60,8 @@ pub struct InstanceView {
     pub error: Option<String>,
     /// What its WAL archiving has done.
     pub archive: ArchiveReport,
+    /// What a restore into its empty volume is doing, once asked for.
+    pub restoring: Option<String>,
 }
 
 impl Default for InstanceView {
@@ -84,6 +87,7 @@ impl Default for InstanceView {
             pending_restart: Vec::new(),
             error: None,
             archive: ArchiveReport::default(),
+            restoring: None,
         }
     }
 }
@@ -129,6 +133,7 @@ impl InstanceView {
             pending_restart: server.pending_restart,
             error: report.error,
             archive: report.archive,
+            restoring: report.restoring,
         }
     }
 
@@ -169,6 +174,8 @@ pub enum Command {
     Demote,
     /// Stop the server and keep it stopped (true), or let it run again.
     Fence(bool),
+    /// Fill the empty volume from a backup (the first instance of a restored cluster).
+    Restore(Box<RestoreRequest>),
 }
 
 impl Command {
@@ -180,6 +187,7 @@ impl Command {
             Command::Demote => "demote",
             Command::Fence(true) => "fence",
             Command::Fence(false) => "unfence",
+            Command::Restore(_) => "restore",
         }
     }
 }

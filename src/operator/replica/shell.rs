@@ -133,6 +133,7 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                             Command::Restart => post("/restart", json!({})).await,
                             Command::Promote(request) => post("/promote", json!(request)).await,
                             Command::Demote => post("/demote", json!({})).await,
+                            Command::Restore(request) => post("/restore", json!(request)).await,
                             Command::Fence(fenced) => {
                                 post("/fence", json!(FenceRequest { fenced: *fenced })).await
                             }
