@@ -108,7 +108,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         CLUSTER,
         2,
         &volumes.class,
-        &format!("  backup: {}\n", s3::backup_target(None)),
+        &format!("  backup: {}\n", s3::backup_target(None, "")),
     );
     wait_for(
         "Ready/2 with archiving",

@@ -63,7 +63,10 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
         CLUSTER,
         2,
         &volumes.class,
-        &format!("  backup: {}\n", s3::backup_target(None)),
+        &format!(
+            "  backup: {}\n",
+            s3::backup_target(None, "retention: {keepLast: 1}")
+        ),
     );
     wait_for(
         "Ready/2 with archiving",
@@ -216,6 +219,63 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
         "the second backup Completed after the operator restart",
         Duration::from_secs(180),
         || backup_status(&ns, "second", "phase") == "Completed",
+        diagnostics,
+    );
+
+    // Retention (keepLast: 1): the first backup and the WAL only it needed go; the
+    // second and everything from its start stay, and the cluster says from when it
+    // can be restored.
+    wait_for(
+        "retention removing the first backup",
+        Duration::from_secs(60),
+        || !events(&ns, "BackupsRemoved").is_empty(),
+        diagnostics,
+    );
+    let remaining = s3::keys(&key).await;
+    assert!(
+        remaining.is_empty(),
+        "the first backup is gone: {remaining:?}"
+    );
+    let second = format!(
+        "{ns}/{CLUSTER}/{system_id}/base/{}",
+        backup_status(&ns, "second", "backupId")
+    );
+    assert!(
+        s3::keys(&second)
+            .await
+            .iter()
+            .any(|k| k.ends_with("backup.json")),
+        "the newest backup stays"
+    );
+    let begin = backup_status(&ns, "second", "beginWal");
+    let wals = s3::keys(&format!("{ns}/{CLUSTER}/{system_id}/wals")).await;
+    let segment = |k: &String| {
+        k.rsplit('/')
+            .next()
+            .and_then(|name| name.split('.').next())
+            .filter(|name| name.len() == 24)
+            .map(|name| name[8..].to_owned())
+    };
+    assert!(
+        wals.iter()
+            .filter_map(segment)
+            .all(|position| position.as_str() >= &begin[8..]),
+        "no WAL below {begin} is left: {wals:?}"
+    );
+    assert!(
+        wals.iter()
+            .filter_map(segment)
+            .any(|position| position == begin[8..]),
+        "the second backup's first segment {begin} stays: {wals:?}"
+    );
+    let second_stopped = backup_status(&ns, "second", "stoppedAt");
+    wait_for(
+        "the first recoverability point at the second backup",
+        Duration::from_secs(30),
+        || {
+            jsonpath("dbc", CLUSTER, &ns, "{.status.firstRecoverabilityPoint}") == second_stopped
+                && jsonpath("dbc", CLUSTER, &ns, "{.status.lastBackup}") == "second"
+        },
         diagnostics,
     );
 

@@ -59,7 +59,7 @@ fn apply_restored(namespace: &str, name: &str, class: &str, recovery: &str) {
              engine: postgresql\n  version: \"15\"\n  replicas: 1\n  \
              storage: {{size: 1Gi, storageClassName: {class}}}\n  \
              bootstrap: {{recovery: {recovery}}}\n  backup: {}\n",
-            s3::backup_target(None)
+            s3::backup_target(None, "")
         ),
     );
 }
@@ -80,7 +80,7 @@ async fn clusters_are_restored_to_a_point_in_time_and_from_a_bare_location() {
         "shop",
         1,
         &volumes.class,
-        &format!("  backup: {}\n", s3::backup_target(None)),
+        &format!("  backup: {}\n", s3::backup_target(None, "")),
     );
     wait_for(
         "the source cluster Ready with archiving",
@@ -232,7 +232,7 @@ async fn clusters_are_restored_to_a_point_in_time_and_from_a_bare_location() {
         &volumes.class,
         &format!(
             "{{source: {}}}",
-            s3::backup_target(Some(&format!("{ns}/shop")))
+            s3::backup_target(Some(&format!("{ns}/shop")), "")
         ),
     );
     wait_for(

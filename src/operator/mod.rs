@@ -143,7 +143,11 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         failing,
         started: Mutex::new(BTreeSet::new()),
     });
-    let backups = backup::run(context.shared.clone(), watched(&client, &args));
+    let backups = backup::run(
+        context.shared.clone(),
+        watched(&client, &args),
+        watched(&client, &args),
+    );
     tracing::info!("DatabaseCluster controller starting");
     let controller = Controller::new(watched(&client, &args), watcher::Config::default());
     // Deleted clusters (no finalizer: owner references clean up) never reach

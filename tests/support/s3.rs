@@ -110,12 +110,18 @@ pub fn create_secret(namespace: &str) {
 }
 
 /// The local server as a `spec.backup` (or `recovery.source`) value in flow style,
-/// with Secret `s3` (`create_secret`); `path` when given.
-pub fn backup_target(path: Option<&str>) -> String {
+/// with Secret `s3` (`create_secret`); `path` when given, and `extra` fields (such as
+/// `retention: {keepLast: 1}`).
+pub fn backup_target(path: Option<&str>, extra: &str) -> String {
     let env = env();
     let path = path.map(|p| format!(", path: {p}")).unwrap_or_default();
+    let extra = if extra.is_empty() {
+        String::new()
+    } else {
+        format!(", {extra}")
+    };
     format!(
-        "{{endpoint: \"{}\", bucket: {}{path}, credentials: {{secretName: s3}}}}",
+        "{{endpoint: \"{}\", bucket: {}{path}, credentials: {{secretName: s3}}{extra}}}",
         env["S3_ENDPOINT"], env["S3_BUCKET"]
     )
 }

@@ -7,6 +7,7 @@
 //! the Backup's status (instance and id) and asks the instance again.
 
 pub mod machine;
+mod retention;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,8 +51,31 @@ struct Context {
     shared: Arc<Shared>,
 }
 
-/// Runs the controller until the process is told to stop.
-pub async fn run(shared: Arc<Shared>, backups: Api<Backup>) {
+/// How often every cluster's retention is applied (besides after each backup).
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Runs the controller until the process is told to stop, and applies each cluster's
+/// retention every [`SWEEP_EVERY`].
+pub async fn run(shared: Arc<Shared>, backups: Api<Backup>, clusters: Api<DatabaseCluster>) {
+    tokio::spawn({
+        let shared = shared.clone();
+        async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                match clusters.list(&Default::default()).await {
+                    Ok(list) => {
+                        for cluster in &list.items {
+                            let first = retain(&shared, cluster).await;
+                            if first.is_some() {
+                                recoverability(&shared.client, cluster, first).await;
+                            }
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "listing clusters to apply retention"),
+                }
+            }
+        }
+    });
     let context = Arc::new(Context { shared });
     tracing::info!("Backup controller starting");
     Controller::new(backups, watcher::Config::default())
@@ -124,7 +148,8 @@ async fn reconcile_traced(backup: &Backup, context: &Context) -> Result<Action, 
     if decision.status.phase.as_deref() == Some(machine::COMPLETED)
         && let Some(cluster) = &cluster
     {
-        recoverability(client, cluster).await;
+        let first = retain(&context.shared, cluster).await;
+        recoverability(client, cluster, first).await;
     }
     Ok(decision
         .requeue
@@ -376,9 +401,10 @@ async fn write_status(
     Ok(())
 }
 
-/// The cluster's newest completed backup and the earliest moment its backups restore
-/// to, from its completed Backups.
-async fn recoverability(client: &Client, cluster: &DatabaseCluster) {
+/// The cluster's newest completed backup, from its completed Backups, and the earliest
+/// moment its backups restore to: `first_ms` when retention found it in the object
+/// store, else the oldest completed Backup's.
+async fn recoverability(client: &Client, cluster: &DatabaseCluster, first_ms: Option<u64>) {
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
     let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
     let listed = match backups.list(&Default::default()).await {
@@ -403,7 +429,7 @@ async fn recoverability(client: &Client, cluster: &DatabaseCluster) {
         return;
     };
     let patch = json!({"status": {
-        "firstRecoverabilityPoint": first.0,
+        "firstRecoverabilityPoint": first_ms.map_or_else(|| first.0.clone(), machine::rfc3339),
         "lastBackup": last.1,
     }});
     if let Err(error) =
@@ -411,6 +437,46 @@ async fn recoverability(client: &Client, cluster: &DatabaseCluster) {
     {
         tracing::warn!(%error, "writing the cluster's last backup");
     }
+}
+
+/// Applies the cluster's `spec.backup.retention` to its object store and says what
+/// went in an Event; returns the consistent point of the oldest backup kept.
+async fn retain(shared: &Shared, cluster: &DatabaseCluster) -> Option<u64> {
+    let retention = cluster.spec.backup.as_ref()?.retention.clone()?;
+    let target = match archive_setting(&shared.client, cluster).await {
+        Ok(config) => config.target?,
+        Err(error) => {
+            tracing::warn!(cluster = %cluster.name_any(), %error, "cannot apply retention");
+            return None;
+        }
+    };
+    let now = crate::instance_api::millis_since_epoch(std::time::SystemTime::now());
+    let swept = match retention::sweep(&target, &retention, now).await {
+        Ok(swept) => swept,
+        Err(error) => {
+            tracing::warn!(cluster = %cluster.name_any(), %error, "applying retention failed");
+            let note = Note::warning(
+                "RetentionFailed",
+                format!("applying spec.backup.retention: {error}"),
+            );
+            shared.record(cluster, note).await;
+            return None;
+        }
+    };
+    if !swept.backups.is_empty() || swept.abandoned > 0 {
+        let message = format!(
+            "retention removed {} base backup(s) ({}), {} WAL file(s) only they needed, and {} object(s) of unfinished backups",
+            swept.backups.len(),
+            swept.backups.join(", "),
+            swept.wal_files,
+            swept.abandoned
+        );
+        tracing::info!(cluster = %cluster.name_any(), %message, "retention applied");
+        shared
+            .record(cluster, Note::normal("BackupsRemoved", message))
+            .await;
+    }
+    swept.first_recoverability_ms
 }
 
 fn kube_error(what: &'static str, backup: &Backup) -> impl FnOnce(kube::Error) -> Error {
