@@ -131,6 +131,9 @@ pub struct StatusReport {
     /// What a restore into this instance's empty volume is doing, or why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restoring: Option<String>,
+    /// A scratch instance's verdict on the backup it restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<VerificationReport>,
 }
 
 /// The server's state as the operator needs it.
@@ -370,6 +373,21 @@ pub struct RestoreRequest {
     /// `recovery_target_lsn`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_lsn: Option<String>,
+    /// A scratch instance verifying the backup: after the recovery, check the data,
+    /// report (`StatusReport::verification`) and stop; never become a primary.
+    #[serde(default)]
+    pub verify: bool,
+}
+
+/// What a scratch instance found when it verified a restored backup.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerificationReport {
+    pub ok: bool,
+    /// What was checked and found, or what failed.
+    pub message: String,
+    /// From the restore request to the end of the checks.
+    pub duration_ms: u64,
 }
 
 /// Where a base backup is in its life on the instance taking it.

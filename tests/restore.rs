@@ -223,6 +223,110 @@ async fn clusters_are_restored_to_a_point_in_time_and_from_a_bare_location() {
     assert!(events(&ns, "RestoreRefused").contains("2099-01-01T00:00:00Z"));
     kubectl_ok(&["delete", "dbc", "future", "-n", &ns, "--wait=false"]);
 
+    // Verification: a Backup with verify: true is restored into a scratch instance that
+    // no Service of the cluster ever selects, checked, and the verdict recorded.
+    apply_manifest(
+        &ns,
+        "checked",
+        "apiVersion: castellan.io/v1alpha1\nkind: Backup\nmetadata: {name: checked}\nspec: {cluster: shop, verify: true}\n",
+    );
+    let verified = |backup: &str| {
+        jsonpath(
+            "backup",
+            backup,
+            &ns,
+            "{.status.conditions[?(@.type==\"RestoreVerified\")].status}",
+        )
+    };
+    let mut scratch_seen = false;
+    wait_for(
+        "the checked backup verified",
+        Duration::from_secs(300),
+        || {
+            let ips = kubectl_ok(&[
+                "get",
+                "pods",
+                "-n",
+                &ns,
+                "-l",
+                "castellan.io/verifies=shop",
+                "-o",
+                "jsonpath={.items[*].status.podIP}",
+            ]);
+            for ip in ips.split_whitespace() {
+                scratch_seen = true;
+                for service in ["shop-rw", "shop-ro", "shop-r"] {
+                    let endpoints = kubectl_ok(&[
+                        "get",
+                        "endpointslices",
+                        "-n",
+                        &ns,
+                        "-l",
+                        &format!("kubernetes.io/service-name={service}"),
+                        "-o",
+                        "jsonpath={.items[*].endpoints[*].addresses[*]}",
+                    ]);
+                    assert!(
+                        !endpoints.split_whitespace().any(|a| a == ip),
+                        "{service} never selects the scratch instance"
+                    );
+                }
+            }
+            let status = verified("checked");
+            assert_ne!(status, "False", "{}", diagnostics());
+            status == "True"
+        },
+        diagnostics,
+    );
+    assert!(scratch_seen, "the scratch instance ran");
+    assert_eq!(condition(&ns, "shop", "RestoreVerified"), "True/Verified");
+    assert!(events(&ns, "RestoreVerified").contains("catalog indexes intact"));
+    assert!(!jsonpath("backup", "checked", &ns, "{.status.verifiedAt}").is_empty());
+    wait_for(
+        "the scratch instance removed",
+        Duration::from_secs(60),
+        || {
+            kubectl_ok(&[
+                "get",
+                "pods",
+                "-n",
+                &ns,
+                "-l",
+                "castellan.io/verifies=shop",
+                "-o",
+                "name",
+            ])
+            .is_empty()
+        },
+        diagnostics,
+    );
+
+    // A damaged backup fails its verification, with a Warning.
+    let base = format!(
+        "{ns}/shop/{system_id}/base/{}/data.tar.zst",
+        jsonpath("backup", "base", &ns, "{.status.backupId}")
+    );
+    s3::put(&base, b"not a backup".to_vec()).await;
+    kubectl_ok(&[
+        "annotate",
+        "backup",
+        "base",
+        "-n",
+        &ns,
+        "castellan.io/verify=now",
+    ]);
+    wait_for(
+        "the damaged backup failing its verification",
+        Duration::from_secs(300),
+        || verified("base") == "False",
+        diagnostics,
+    );
+    assert!(!events(&ns, "RestoreVerificationFailed").is_empty());
+    assert_eq!(
+        condition(&ns, "shop", "RestoreVerified"),
+        "False/VerificationFailed"
+    );
+
     // The source and its Backups gone: restore straight from the location.
     kubectl_ok(&["delete", "dbc", "shop", "-n", &ns]);
     kubectl_ok(&["delete", "backup", "--all", "-n", &ns]);

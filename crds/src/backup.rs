@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Progress","type":"integer","jsonPath":".status.progressPercent"}"#,
     printcolumn = r#"{"name":"Started","type":"date","jsonPath":".status.startedAt"}"#,
     printcolumn = r#"{"name":"Size","type":"string","jsonPath":".status.size"}"#,
+    printcolumn = r#"{"name":"Verified","type":"string","jsonPath":".status.conditions[?(@.type==\"RestoreVerified\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("self == oldSelf").message("a Backup's spec cannot be changed after it is created; create a new Backup instead").reason(Reason::FieldValueForbidden))]
@@ -35,6 +36,12 @@ pub struct BackupSpec {
     /// How the backup is taken.
     #[serde(default)]
     pub method: BackupMethod,
+
+    /// Once completed, prove it restorable: restore it into a scratch instance (never
+    /// selected by the cluster's Services), replay the archived WAL, check the data, and
+    /// record the outcome as the `RestoreVerified` condition here and on the cluster.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify: bool,
 }
 
 /// How a backup is taken.
@@ -109,4 +116,10 @@ pub struct BackupStatus {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// When a verification of it finished (RFC 3339), with `spec.verify`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_at: Option<String>,
+    /// How long that verification took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification_seconds: Option<i64>,
 }

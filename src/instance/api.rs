@@ -146,6 +146,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         error: None,
         archive: shared.archive.report(),
         restoring: published.restoring,
+        verification: published.verification,
     };
     if !published.running {
         report.error = Some("postgres is not running".to_owned());

@@ -29,6 +29,7 @@ mod config;
 mod database;
 mod postmaster;
 mod restore;
+mod verify;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -173,6 +174,8 @@ pub struct Published {
     pub parameters: BTreeMap<String, String>,
     /// What a restore into the empty volume is doing, or why it failed.
     pub restoring: Option<String>,
+    /// A scratch instance's verdict on the backup it restored.
+    pub verification: Option<crate::instance_api::VerificationReport>,
 }
 
 /// What the HTTP API and the heartbeat share with the supervisor.
@@ -542,6 +545,8 @@ struct Supervisor {
     restoring: Option<String>,
     /// This primary was restored from a backup since the process began.
     restored: bool,
+    /// A scratch instance's verdict, once it verified its backup.
+    verification: Option<crate::instance_api::VerificationReport>,
 }
 
 impl Supervisor {
@@ -578,6 +583,7 @@ impl Supervisor {
             problem: self.problem.clone(),
             parameters: self.parameters.clone(),
             restoring: self.restoring.clone(),
+            verification: self.verification.clone(),
         });
     }
 
@@ -598,9 +604,30 @@ impl Supervisor {
         }
         if self.role.is_none()
             && let Some(request) = self.restore.clone()
+            && request.verify
+        {
+            let began = Instant::now();
+            let outcome = self.run_restore(&request).await;
+            let (ok, message) = match outcome {
+                Ok(found) => (true, found.unwrap_or_default()),
+                Err(error) => (false, format!("{error:#}")),
+            };
+            tracing::info!(ok, %message, "verification of the backup finished");
+            self.verification = Some(crate::instance_api::VerificationReport {
+                ok,
+                message,
+                duration_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+            });
+            self.restore = None;
+            self.restoring = Some("verification finished".to_owned());
+            self.publish();
+            return;
+        }
+        if self.role.is_none()
+            && let Some(request) = self.restore.clone()
         {
             match self.run_restore(&request).await {
-                Ok(()) => {
+                Ok(_) => {
                     self.role = Some(Role::Primary);
                     self.restore = None;
                     self.restoring = None;
@@ -737,8 +764,9 @@ impl Supervisor {
 
     /// Fills the empty volume from the backup and replays the source's WAL to the
     /// target; the server promotes itself there, and is stopped cleanly to start again
-    /// as this cluster's primary under the operator's lease.
-    async fn run_restore(&mut self, request: &RestoreRequest) -> anyhow::Result<()> {
+    /// as this cluster's primary under the operator's lease. A verifying scratch
+    /// instance checks the data before stopping, and returns what it found.
+    async fn run_restore(&mut self, request: &RestoreRequest) -> anyhow::Result<Option<String>> {
         let instance = self.instance.clone();
         let data_dir = instance.args.data_dir.clone();
         let marker = instance.restore_marker();
@@ -789,20 +817,32 @@ impl Supervisor {
             .context("reading the source cluster's archive")?;
         let replayed = self.replay(&manifest).await;
         let _ = self.shared.archive.read_from(None);
-        replayed?;
+        let postmaster = replayed?;
+        let found = if request.verify {
+            self.set_restoring("recovered; checking the data".to_owned());
+            let checked = verify::check(&self.pool, &instance.socket_dir, instance.args.port).await;
+            instance.stop(postmaster, Shutdown::Fast).await?;
+            Some(checked.map_err(anyhow::Error::msg)?)
+        } else {
+            instance.stop(postmaster, Shutdown::Fast).await?;
+            None
+        };
         instance
             .write_config(&Role::Primary, &self.parameters, &self.sync_names)
             .await?;
         tokio::fs::remove_file(&marker)
             .await
             .with_context(|| format!("removing {}", marker.display()))?;
-        tracing::info!(backup = %request.backup_id, "restored; the server starts as primary under the lease");
-        Ok(())
+        tracing::info!(backup = %request.backup_id, "restored");
+        Ok(found)
     }
 
     /// Runs the server in archive recovery until it promotes itself at the target (or
-    /// the end of the archive), then stops it cleanly.
-    async fn replay(&mut self, manifest: &crate::instance_api::BackupReport) -> anyhow::Result<()> {
+    /// the end of the archive), and checkpoints; returns the running server.
+    async fn replay(
+        &mut self,
+        manifest: &crate::instance_api::BackupReport,
+    ) -> anyhow::Result<Postmaster> {
         let instance = self.instance.clone();
         let mut postmaster = Postmaster::start(&instance.binaries, &instance.args.data_dir)?;
         self.set_restoring(format!(
@@ -834,12 +874,12 @@ impl Supervisor {
                 Err(_) => {}
             }
         }
-        self.set_restoring("recovered; promoted at the target, restarting as primary".to_owned());
+        self.set_restoring("recovered; promoted at the target".to_owned());
         sqlx::query("checkpoint")
             .execute(&self.pool)
             .await
             .context("checkpointing after the recovery")?;
-        instance.stop(postmaster, Shutdown::Fast).await
+        Ok(postmaster)
     }
 
     async fn promote(&mut self, request: PromoteRequest) -> Result<PromoteResponse, String> {
@@ -1155,6 +1195,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         // Absent until the operator sends the restore: that is how it knows to.
         restoring: None,
         restored: false,
+        verification: None,
     };
     supervisor.settle().await;
 

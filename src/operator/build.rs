@@ -295,6 +295,69 @@ pub fn volume_claim(cluster: &DatabaseCluster, n: u32) -> PersistentVolumeClaim 
     }
 }
 
+/// Label of a scratch instance: the cluster whose backup it verifies. It has none of
+/// the cluster's own labels, so no Service, budget or pass of the cluster ever selects it.
+pub const VERIFY_LABEL: &str = "castellan.io/verifies";
+
+/// Annotation of a scratch instance: the `Backup` it verifies.
+pub const VERIFYING_ANNOTATION: &str = "castellan.io/backup";
+
+/// Name of the scratch instance (pod and volume claim) verifying backup `id` (its
+/// object-store id): one per backup, so that the last one's volume, still going away,
+/// never stands in the way.
+pub fn scratch_name(cluster: &DatabaseCluster, id: &str) -> String {
+    let short: String = id
+        .rsplit('-')
+        .next()
+        .unwrap_or(id)
+        .chars()
+        .take(8)
+        .collect();
+    format!("{}-verify-{short}", name(cluster))
+}
+
+/// The scratch instance that restores `backup` to verify it: an instance pod that
+/// waits for `POST /restore`, and its own volume claim, owned by the cluster (deleting
+/// the cluster deletes them) and labelled only [`VERIFY_LABEL`].
+pub fn scratch(
+    cluster: &DatabaseCluster,
+    backup: &str,
+    scratch: &str,
+    settings: &Settings,
+) -> (PersistentVolumeClaim, Pod) {
+    let scratch = scratch.to_owned();
+    let labels = BTreeMap::from([
+        (VERIFY_LABEL.to_owned(), name(cluster)),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            "castellan".to_owned(),
+        ),
+    ]);
+    let annotations = BTreeMap::from([(VERIFYING_ANNOTATION.to_owned(), backup.to_owned())]);
+    let mut claim = volume_claim(cluster, 0);
+    claim.metadata.name = Some(scratch.clone());
+    claim.metadata.labels = Some(labels.clone());
+    let mut pod = pod(cluster, 0, StartRole::Primary, "", false, settings);
+    pod.metadata.name = Some(scratch.clone());
+    pod.metadata.labels = Some(labels);
+    pod.metadata.annotations = Some(annotations);
+    if let Some(spec) = pod.spec.as_mut() {
+        for container in &mut spec.containers {
+            for variable in container.env.iter_mut().flatten() {
+                if variable.name == "CASTELLAN_AWAIT_RESTORE" {
+                    variable.value = Some("true".to_owned());
+                }
+            }
+        }
+        for volume in spec.volumes.iter_mut().flatten() {
+            if let Some(source) = volume.persistent_volume_claim.as_mut() {
+                source.claim_name = scratch.clone();
+            }
+        }
+    }
+    (claim, pod)
+}
+
 /// `synchronous_standby_names` for a primary whose standbys are `standbys`: empty
 /// (asynchronous) unless the spec asks for a sync quorum, then `ANY n (…)` over the
 /// standbys, with `n` capped by how many exist so that writes are not blocked forever
@@ -590,6 +653,49 @@ pub fn pod(
 mod tests {
     use super::*;
     use castellan_crds::DatabaseClusterSpec;
+
+    #[test]
+    fn a_scratch_instance_has_none_of_the_clusters_labels_and_waits_for_a_restore() {
+        let cluster = cluster(
+            serde_json::json!({"engine": "postgresql", "version": "15", "replicas": 1,
+                                     "storage": {"size": "1Gi"}}),
+        );
+        let name = scratch_name(&cluster, "nightly-1-0a1b2c3d");
+        assert_eq!(name, "orders-verify-0a1b2c3d");
+        let (claim, pod) = scratch(&cluster, "nightly-1", &name, &settings());
+        assert_eq!(
+            claim.metadata.name.as_deref(),
+            Some("orders-verify-0a1b2c3d")
+        );
+        let labels = pod.metadata.labels.clone().expect("labels");
+        assert!(!labels.contains_key(CLUSTER_LABEL) && !labels.contains_key(ROLE_LABEL));
+        assert_eq!(labels[VERIFY_LABEL], "orders");
+        assert_eq!(
+            pod.metadata.annotations.expect("annotations")[VERIFYING_ANNOTATION],
+            "nightly-1"
+        );
+        let spec = pod.spec.expect("spec");
+        let env: BTreeMap<_, _> = spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        assert_eq!(env["CASTELLAN_AWAIT_RESTORE"].as_deref(), Some("true"));
+        assert_eq!(env["CASTELLAN_ALLOW_INITDB"].as_deref(), Some("false"));
+        let claims: Vec<_> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+            .map(|c| c.claim_name.clone())
+            .collect();
+        assert_eq!(claims, vec!["orders-verify-0a1b2c3d"]);
+        assert!(
+            pod.metadata.owner_references.is_some(),
+            "owned by the cluster"
+        );
+    }
 
     fn cluster(spec: serde_json::Value) -> DatabaseCluster {
         let spec: DatabaseClusterSpec = serde_json::from_value(spec).expect("a valid spec");

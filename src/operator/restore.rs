@@ -94,6 +94,7 @@ async fn resolve(
         // In UTC, as PostgreSQL reads it (it takes no `T` or `Z`).
         target_time: target_time.map(|t| t.strftime("%Y-%m-%d %H:%M:%S%.f+00").to_string()),
         target_lsn: recovery.target_lsn.clone(),
+        verify: false,
     })
 }
 

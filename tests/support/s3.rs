@@ -125,3 +125,11 @@ pub fn backup_target(path: Option<&str>, extra: &str) -> String {
         env["S3_ENDPOINT"], env["S3_BUCKET"]
     )
 }
+
+/// Overwrites (or creates) object `key` with `bytes`.
+pub async fn put(key: &str, bytes: Vec<u8>) {
+    store()
+        .put(&ObjectPath::from(key), bytes.into())
+        .await
+        .unwrap_or_else(|e| panic!("writing {key}: {e}"));
+}

@@ -8,6 +8,7 @@
 
 pub mod machine;
 mod retention;
+mod verify;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,7 +113,9 @@ async fn reconcile(backup: Arc<Backup>, context: Arc<Context>) -> Result<Action,
 
 async fn reconcile_traced(backup: &Backup, context: &Context) -> Result<Action, Error> {
     let phase = backup.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some(machine::COMPLETED | machine::FAILED)) {
+    if phase == Some(machine::FAILED)
+        || (phase == Some(machine::COMPLETED) && !verify::wanted(backup))
+    {
         return Ok(Action::await_change());
     }
     let client = &context.shared.client;
@@ -122,6 +125,9 @@ async fn reconcile_traced(backup: &Backup, context: &Context) -> Result<Action, 
         .get_opt(&backup.spec.cluster)
         .await
         .map_err(kube_error("reading the cluster", backup))?;
+    if phase == Some(machine::COMPLETED) {
+        return Ok(verify::verify(&context.shared, backup, cluster.as_ref()).await);
+    }
     let target = match &cluster {
         Some(cluster) if cluster.spec.backup.is_some() => {
             archive_setting(client, cluster).await.map(|c| c.target)
@@ -150,6 +156,9 @@ async fn reconcile_traced(backup: &Backup, context: &Context) -> Result<Action, 
     {
         let first = retain(&context.shared, cluster).await;
         recoverability(client, cluster, first).await;
+    }
+    if decision.status.phase.as_deref() == Some(machine::COMPLETED) && verify::wanted(backup) {
+        return Ok(Action::requeue(machine::POLL));
     }
     Ok(decision
         .requeue
@@ -303,7 +312,7 @@ fn not_ready_for(pod: &Pod) -> Duration {
     }
 }
 
-fn pod_address(cluster: &DatabaseCluster, pod: &Pod) -> Option<String> {
+pub(super) fn pod_address(cluster: &DatabaseCluster, pod: &Pod) -> Option<String> {
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
     let server_name = crate::pki::server_name(&cluster.name_any(), &namespace);
     let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
@@ -376,7 +385,7 @@ async fn manifest(target: &ArchiveTarget, system_id: &str, id: &str) -> Option<B
     serde_json::from_slice(&bytes).ok()
 }
 
-async fn write_status(
+pub(super) async fn write_status(
     client: &Client,
     backup: &Backup,
     status: &BackupStatus,
