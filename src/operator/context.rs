@@ -87,9 +87,10 @@ impl Shared {
     }
 }
 
-pub fn object_reference(cluster: &DatabaseCluster) -> ObjectReference {
-    let mut reference = cluster.object_ref(&());
-    reference.namespace = cluster.namespace();
+/// Where Events about `object` (a cluster, a schedule) go.
+pub fn object_reference<K: Resource<DynamicType = ()>>(object: &K) -> ObjectReference {
+    let mut reference = object.object_ref(&());
+    reference.namespace = object.namespace();
     reference
 }
 
