@@ -73,16 +73,16 @@ impl Shared {
             reason: note.reason.to_owned(),
             note: Some(note.message.clone()),
             action: note.reason.to_owned(),
-            secondary: note.instance.as_ref().map(|pod| ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.clone()),
+            secondary: note.related.as_ref().map(|related| ObjectReference {
+                api_version: Some(related.api_version.into()),
+                kind: Some(related.kind.into()),
+                name: Some(related.name.clone()),
                 namespace: reference.namespace.clone(),
                 ..ObjectReference::default()
             }),
         };
         if let Err(error) = self.recorder.publish(&event, reference).await {
-            tracing::warn!(cluster = ?reference.name, reason = note.reason, %error, "could not record an Event");
+            tracing::warn!(kind = ?reference.kind, name = ?reference.name, reason = note.reason, %error, "could not record an Event");
         }
     }
 }

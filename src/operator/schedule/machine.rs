@@ -34,6 +34,7 @@ use croner::parser::{CronParser, Seconds, Year};
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use kube::ResourceExt;
 
 use super::super::cluster::Note;
 
@@ -42,6 +43,12 @@ use super::super::cluster::Note;
 pub const SCHEDULE_LABEL: &str = "castellan.io/schedule";
 /// Label on every Backup a schedule creates: the cluster it backs up.
 pub const CLUSTER_LABEL: &str = "castellan.io/cluster";
+/// Annotation on every Backup a schedule creates: the schedule's uid. A schedule
+/// deleted and created again under the same name finds its predecessor's Backups by
+/// the label (and applies its retention to them), but only its own by this, which is
+/// how `immediate` knows whether it has acted: timestamps have whole seconds, and a
+/// predecessor's Backup can share the new schedule's second.
+pub const SCHEDULE_UID_ANNOTATION: &str = "castellan.io/schedule-uid";
 
 /// The condition this machine keeps.
 pub const READY: &str = "Ready";
@@ -52,11 +59,15 @@ pub const SCHEDULED: &str = "Scheduled";
 /// `Ready` True: no new backups while `suspend` is set.
 pub const SUSPENDED: &str = "Suspended";
 
-/// Event reasons.
+/// Event reasons. Each Event about one Backup names it as its related object: the
+/// Events of one reason on one schedule are otherwise one series, whose message is
+/// the first one's.
 pub const BACKUP_CREATED: &str = "BackupCreated";
 pub const BACKUP_SKIPPED: &str = "BackupSkipped";
-pub const BACKUPS_PRUNED: &str = "BackupsPruned";
+pub const BACKUP_PRUNED: &str = "BackupPruned";
 pub const INVALID_RETENTION: &str = "InvalidRetention";
+
+const BACKUP_API_VERSION: &str = "castellan.io/v1alpha1";
 
 /// Look again at least this often, even when nothing is due sooner: a wake-up lost
 /// to a clock step or a controller restart costs at most this much.
@@ -96,6 +107,8 @@ pub struct BackupRecord {
     pub phase: Phase,
     /// `status.stoppedAt` of a finished backup: the point its data reaches.
     pub completed: Option<Timestamp>,
+    /// The uid of the schedule that made it.
+    pub schedule_uid: Option<String>,
 }
 
 impl BackupRecord {
@@ -108,6 +121,7 @@ impl BackupRecord {
             completed: status
                 .and_then(|s| s.stopped_at.as_deref())
                 .and_then(|t| t.parse().ok()),
+            schedule_uid: backup.annotations().get(SCHEDULE_UID_ANNOTATION).cloned(),
         })
     }
 
@@ -121,6 +135,7 @@ impl BackupRecord {
 #[derive(Clone, Debug)]
 pub struct Observed<'a> {
     pub name: &'a str,
+    pub uid: Option<&'a str>,
     pub spec: &'a BackupScheduleSpec,
     pub status: Option<&'a BackupScheduleStatus>,
     pub generation: Option<i64>,
@@ -236,11 +251,19 @@ pub fn backup_name(schedule: &str, slot: Timestamp) -> String {
 /// The Backup a schedule creates. No owner reference, on purpose: a Backup is what a
 /// restore names, so it must outlive the schedule that made it (deleting a schedule
 /// leaves its Backups; retention removes them only while the schedule exists).
-pub fn backup(namespace: &str, schedule: &str, cluster: &str, planned: &Planned) -> Backup {
+pub fn backup(
+    namespace: &str,
+    schedule: &str,
+    schedule_uid: Option<&str>,
+    cluster: &str,
+    planned: &Planned,
+) -> Backup {
     Backup {
         metadata: ObjectMeta {
             name: Some(planned.name.clone()),
             namespace: Some(namespace.to_owned()),
+            annotations: schedule_uid
+                .map(|uid| [(SCHEDULE_UID_ANNOTATION.to_owned(), uid.to_owned())].into()),
             labels: Some(
                 [
                     (SCHEDULE_LABEL.to_owned(), schedule.to_owned()),
@@ -301,20 +324,33 @@ pub fn decide(observed: &Observed) -> Decision {
                     // Created by a look whose status write was lost: record it only.
                     last_schedule_time = Some(planned.slot.to_string());
                 } else if let Some(active) = active {
-                    notes.push(Note::warning(
-                        BACKUP_SKIPPED,
-                        format!(
-                            "skipped the backup due at {}: Backup {} is still {}",
-                            planned.slot,
-                            active.name,
-                            phase_word(active.phase)
-                        ),
-                    ));
+                    // Every slot skipped for one running Backup is one series of
+                    // Events (its count says how many), so the message names the
+                    // first slot and the Backup in the way.
+                    notes.push(
+                        Note::warning(
+                            BACKUP_SKIPPED,
+                            format!(
+                                "skipped the backup due at {}: Backup {} is still {}; due slots are skipped until it ends",
+                                planned.slot,
+                                active.name,
+                                phase_word(active.phase)
+                            ),
+                        )
+                        .about_object(BACKUP_API_VERSION, "Backup", &active.name),
+                    );
                 } else {
-                    notes.push(Note::normal(
-                        BACKUP_CREATED,
-                        format!("created Backup {}{}", planned.name, slot.why),
-                    ));
+                    notes.push(
+                        Note::normal(
+                            BACKUP_CREATED,
+                            format!("created Backup {}{}", planned.name, slot.why),
+                        )
+                        .about_object(
+                            BACKUP_API_VERSION,
+                            "Backup",
+                            &planned.name,
+                        ),
+                    );
                     last_schedule_time = Some(planned.slot.to_string());
                     create = Some(planned);
                 }
@@ -364,16 +400,17 @@ pub fn decide(observed: &Observed) -> Decision {
         }
         ready.2 = format!("{}; {problem}", ready.2);
     }
-    if !retention.delete.is_empty() {
-        let deleted: Vec<String> = retention
-            .delete
-            .iter()
-            .map(|p| format!("{} ({})", p.name, p.why))
-            .collect();
-        notes.push(Note::normal(
-            BACKUPS_PRUNED,
-            format!("deleting by retention: {}", deleted.join("; ")),
-        ));
+    for pruned in &retention.delete {
+        notes.push(
+            Note::normal(
+                BACKUP_PRUNED,
+                format!(
+                    "deleted Backup {} by retention: {}",
+                    pruned.name, pruned.why
+                ),
+            )
+            .about_object(BACKUP_API_VERSION, "Backup", &pruned.name),
+        );
     }
     let (status_word, reason, message) = ready;
     let ready = ready_condition(&previous, status_word, reason, &message, observed, now);
@@ -420,7 +457,7 @@ fn due(
         && !observed
             .backups
             .iter()
-            .any(|b| b.created >= observed.created)
+            .any(|b| b.schedule_uid.is_some() && b.schedule_uid.as_deref() == observed.uid)
     {
         return Some(Due {
             at: now,
@@ -652,6 +689,7 @@ mod tests {
     use super::*;
 
     const NAME: &str = "nightly";
+    const UID: &str = "4ee3cd2f-bd90-4fcd-b568-a192c989e6b9";
 
     fn at(text: &str) -> Timestamp {
         text.parse().expect("a timestamp")
@@ -679,7 +717,14 @@ mod tests {
             created: at(created),
             phase,
             completed: matches!(phase, Phase::Completed | Phase::Failed).then(|| at(created)),
+            schedule_uid: Some(UID.to_owned()),
         }
+    }
+
+    /// A Backup made by an earlier schedule of the same name.
+    fn predecessors(mut record: BackupRecord) -> BackupRecord {
+        record.schedule_uid = Some("uid-of-the-deleted-one".to_owned());
+        record
     }
 
     /// A look at `now` at a schedule created at 10:00:30 and seen before (generation 1).
@@ -691,6 +736,7 @@ mod tests {
     ) -> Decision {
         decide(&Observed {
             name: NAME,
+            uid: Some(UID),
             spec,
             status,
             generation: Some(1),
@@ -854,6 +900,7 @@ mod tests {
         status.next_schedule_time = None;
         let fixed = decide(&Observed {
             name: NAME,
+            uid: Some(UID),
             spec: &spec("0 * * * *"),
             status: Some(&status),
             generation: Some(2),
@@ -941,14 +988,32 @@ mod tests {
         // predecessor's Backups by label; one of them still runs.
         let mut spec = spec("0 3 * * *");
         spec.immediate = true;
-        let old = [record(
+        let old = [predecessors(record(
             "nightly-20260301030000",
             "2026-03-01T03:00:00Z",
             Phase::Running,
-        )];
+        ))];
         let decision = look(&spec, None, &old, "2026-03-01T10:00:31Z");
         assert_eq!(decision.create, None);
         assert_eq!(reasons(&decision), [BACKUP_SKIPPED]);
+    }
+
+    #[test]
+    fn immediate_is_made_beside_a_predecessors_backups_even_of_the_same_second() {
+        // Creation times have whole seconds: the predecessor's Backup made in the
+        // schedule's own second is still not this schedule's.
+        let mut spec = spec("0 3 * * *");
+        spec.immediate = true;
+        let old = [predecessors(record(
+            "nightly-20260301100030",
+            "2026-03-01T10:00:30Z",
+            Phase::Completed,
+        ))];
+        let decision = look(&spec, None, &old, "2026-03-01T10:00:31Z");
+        assert_eq!(
+            decision.create.map(|p| p.name),
+            Some("nightly-20260301100031".to_owned())
+        );
     }
 
     // --- slots, catch-up, skips ---
@@ -964,6 +1029,11 @@ mod tests {
         );
         let planned = decision.create.clone().expect("a Backup");
         assert_eq!(planned.name, "nightly-20260301100100");
+        let related = decision.notes[0].related.clone().expect("about the Backup");
+        assert_eq!(
+            (related.kind, related.name.as_str()),
+            ("Backup", "nightly-20260301100100")
+        );
         assert_eq!(
             decision.status.last_schedule_time.as_deref(),
             Some("2026-03-01T10:01:00Z")
@@ -974,7 +1044,7 @@ mod tests {
         );
         assert_eq!(decision.requeue, Some(Duration::from_secs(60)));
 
-        let backup = backup("shop", NAME, "orders", &planned);
+        let backup = backup("shop", NAME, Some(UID), "orders", &planned);
         let labels = backup.metadata.labels.clone().expect("labels");
         assert_eq!(labels.get(SCHEDULE_LABEL).map(String::as_str), Some(NAME));
         assert_eq!(
@@ -1064,6 +1134,7 @@ mod tests {
         let status = seen("2026-03-01T10:01:00Z");
         let decision = decide(&Observed {
             name: NAME,
+            uid: Some(UID),
             spec: &spec("*/5 * * * *"),
             status: Some(&status),
             generation: Some(2),
@@ -1096,6 +1167,11 @@ mod tests {
             assert_eq!(decision.create, None);
             assert_eq!(reasons(&decision), [BACKUP_SKIPPED]);
             assert!(decision.notes[0].warning);
+            assert_eq!(
+                decision.notes[0].related.as_ref().map(|r| r.name.as_str()),
+                Some("nightly-20260301100100"),
+                "one series per Backup in the way"
+            );
             assert!(
                 decision.notes[0].message.contains("nightly-20260301100100"),
                 "{}",
@@ -1195,7 +1271,7 @@ mod tests {
         let decision = look(&spec, Some(&status), &backups, "2026-03-01T10:05:00Z");
         assert_eq!(decision.create, None);
         assert_eq!(names(&decision.delete), ["nightly-20260301090000"]);
-        assert_eq!(reasons(&decision), [BACKUPS_PRUNED]);
+        assert_eq!(reasons(&decision), [BACKUP_PRUNED]);
         assert_eq!(
             (
                 ready(&decision).status.as_str(),
@@ -1224,6 +1300,7 @@ mod tests {
         // Turning suspend off is an edit (generation 2), at 11:30.
         let resumed = decide(&Observed {
             name: NAME,
+            uid: Some(UID),
             spec: &spec("* * * * *"),
             status: Some(&asleep.status),
             generation: Some(2),
@@ -1553,7 +1630,7 @@ mod tests {
         assert!(
             decision.notes[0]
                 .message
-                .contains("c1 (not among the 1 newest completed)")
+                .contains("deleted Backup c1 by retention: not among the 1 newest completed")
         );
     }
 
@@ -1576,6 +1653,7 @@ mod tests {
         let mut backup = backup(
             "shop",
             NAME,
+            Some(UID),
             "orders",
             &Planned {
                 name: "nightly-20260301030000".to_owned(),
@@ -1596,6 +1674,7 @@ mod tests {
                 created: at("2026-03-01T03:00:01Z"),
                 phase: Phase::Completed,
                 completed: Some(at("2026-03-01T03:10:00Z")),
+                schedule_uid: Some(UID.to_owned()),
             })
         );
     }

@@ -136,6 +136,7 @@ async fn apply(schedule: &BackupSchedule, shared: &Shared, key: &str) -> Result<
     let now = Timestamp::now();
     let decision = machine::decide(&Observed {
         name: &name,
+        uid: schedule.metadata.uid.as_deref(),
         spec: &schedule.spec,
         status: schedule.status.as_ref(),
         generation: schedule.metadata.generation,
@@ -150,7 +151,13 @@ async fn apply(schedule: &BackupSchedule, shared: &Shared, key: &str) -> Result<
     tracing::debug!(?decision, "decided");
 
     if let Some(planned) = &decision.create {
-        let backup = machine::backup(&namespace, &name, &schedule.spec.cluster, planned);
+        let backup = machine::backup(
+            &namespace,
+            &name,
+            schedule.metadata.uid.as_deref(),
+            &schedule.spec.cluster,
+            planned,
+        );
         let params = PostParams {
             field_manager: Some(MANAGER.to_owned()),
             ..PostParams::default()
@@ -219,7 +226,7 @@ async fn apply(schedule: &BackupSchedule, shared: &Shared, key: &str) -> Result<
     let reference = object_reference(schedule);
     for note in decision.notes {
         if note.reason == machine::BACKUP_SKIPPED || note.reason == machine::INVALID_SCHEDULE {
-            tracing::warn!(reason = note.reason, message = %note.message, "schedule Event");
+            tracing::warn!(reason = note.reason, note = %note.message, "schedule Event");
         }
         shared.record_at(&reference, note).await;
     }
