@@ -1,15 +1,16 @@
 //! `BackupSchedule` end to end on the local cluster, with kubectl as a user would: a
 //! `* * * * *` schedule makes a Backup at the next minute, named for its slot and
-//! labelled, and skips the following slot while that Backup is still running;
+//! labelled, and skips the following slot while that Backup is still pending;
 //! `immediate` makes one at once; a suspended schedule makes none for a full minute;
 //! an invalid cron or time zone is `Ready=False InvalidSchedule` with the reason;
 //! retention (`keepLast: 2`) deletes the older Completed Backups and keeps the newest
 //! and the unfinished ones; an operator that was down for several slots makes exactly
 //! one catch-up Backup when it is back.
 //!
-//! No DatabaseCluster is needed: the schedule only makes `Backup` objects. The Backup
-//! controller is not what is tested, so the test moves Backups to `Running` or
-//! `Completed` itself, through their status subresource.
+//! No DatabaseCluster is needed: the schedule only makes `Backup` objects. Their
+//! cluster does not exist, so the Backup controller (in the same operator) keeps them
+//! `Pending`; the test completes them itself through the status subresource, as the
+//! Backup controller would (`Completed` is final for it).
 
 mod support;
 
@@ -21,7 +22,7 @@ use support::{TestNamespace, client, kubectl, kubectl_ok};
 
 /// Where the test's operator serves its endpoints (and its identity in the Lease); no
 /// other test uses it.
-const OPERATOR: &str = "127.0.67.1:8080";
+const OPERATOR: &str = "127.0.68.1:8080";
 
 /// `kubectl apply`s a BackupSchedule of cluster `orders`; `extra` is more YAML under
 /// `spec:` (two-space indented lines).
@@ -80,8 +81,21 @@ fn ready_message(namespace: &str, schedule: &str) -> String {
 }
 
 /// Sets a Backup's phase (and, for a finished one, `stoppedAt`) as the Backup
-/// controller would, through the status subresource.
+/// controller would, through the status subresource, until it holds: a pass of the
+/// Backup controller that read the object just before may write `Pending` over it
+/// once.
 fn set_phase(namespace: &str, backup: &str, phase: &str) {
+    for _ in 0..5 {
+        patch_phase(namespace, backup, phase);
+        std::thread::sleep(Duration::from_millis(1500));
+        if jsonpath("backup", backup, namespace, "{.status.phase}") == phase {
+            return;
+        }
+    }
+    panic!("{backup} does not stay {phase}");
+}
+
+fn patch_phase(namespace: &str, backup: &str, phase: &str) {
     let status = if phase == "Completed" || phase == "Failed" {
         format!(
             "{{\"status\":{{\"phase\":\"{phase}\",\"stoppedAt\":\"{}\"}}}}",
@@ -328,10 +342,10 @@ async fn schedules_fire_on_their_slots_skip_suspend_and_report_invalid_input() {
         started.elapsed().as_secs_f64()
     );
 
-    // While it runs, the next slot is skipped, with a Warning.
-    set_phase(&ns, &first, "Running");
+    // While it is still Pending (its cluster does not exist), the next slot is
+    // skipped, with a Warning.
     wait_for(
-        "the next slot is skipped while the first Backup runs",
+        "the next slot is skipped while the first Backup is pending",
         Duration::from_secs(75),
         || events(&ns, "BackupSkipped").contains(&first),
         diagnostics,
@@ -427,9 +441,9 @@ async fn retention_deletes_older_completed_backups_and_keeps_the_newest() {
         started.elapsed().as_secs_f64()
     );
 
-    // A running Backup, older than all of them, is never deleted.
+    // An unfinished Backup, older than all of them, is never deleted (it stays
+    // Pending: its cluster does not exist).
     create_labelled_backup(&ns, "keep-20191231000000", "keep");
-    set_phase(&ns, "keep-20191231000000", "Running");
     // The schedule's own Backup completes: it and the newest earlier one are the two
     // kept.
     set_phase(&ns, &newest, "Completed");
@@ -439,13 +453,13 @@ async fn retention_deletes_older_completed_backups_and_keeps_the_newest() {
         newest.clone(),
     ];
     wait_for(
-        "retention keeps the 2 newest Completed and the running Backup",
+        "retention keeps the 2 newest Completed and the pending Backup",
         Duration::from_secs(30),
         || backups_of(&ns, "keep") == expected,
         diagnostics,
     );
     wait_for(
-        "the status names the newest Completed and the running Backup",
+        "the status names the newest Completed and the pending Backup",
         Duration::from_secs(10),
         || {
             jsonpath(
