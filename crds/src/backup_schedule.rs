@@ -42,15 +42,19 @@ pub struct BackupScheduleSpec {
     #[schemars(length(min = 1, max = 64))]
     pub time_zone: Option<String>,
 
-    /// Which of this schedule's backups to keep.
+    /// Which of the `Backup` objects this schedule created to keep; older ones are
+    /// deleted. What stays in the object store is the cluster's
+    /// `spec.backup.retention`'s business.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
 
-    /// Stop making new backups (retention still applies).
+    /// Stop making new backups (retention still applies). Slots that pass while
+    /// suspended are not made up for when it is turned off.
     #[serde(default)]
     pub suspend: bool,
 
-    /// Take a backup as soon as the schedule is created, not only at the first slot.
+    /// Take a backup as soon as the operator first sees the schedule, not only at the
+    /// first slot (not while suspended).
     #[serde(default)]
     pub immediate: bool,
 }
@@ -67,16 +71,19 @@ pub struct BackupScheduleStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
-    /// When the last backup was started (RFC 3339).
+    /// The slot of the newest `Backup` this schedule created (RFC 3339, UTC); for an
+    /// `immediate` one, the second it was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_schedule_time: Option<String>,
-    /// When the next backup is due (RFC 3339).
+    /// The first slot not handled yet: when the next backup is due (RFC 3339, UTC).
+    /// Absent while suspended or invalid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_schedule_time: Option<String>,
-    /// Name of the newest completed `Backup`.
+    /// Name of the newest `Completed` `Backup` of this schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_successful_backup: Option<String>,
-    /// `Backup`s of this schedule still running.
+    /// `Backup`s of this schedule still `Pending` or `Running`; while there is one, due
+    /// slots are skipped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active_backups: Vec<String>,
 }

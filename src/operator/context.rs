@@ -73,23 +73,24 @@ impl Shared {
             reason: note.reason.to_owned(),
             note: Some(note.message.clone()),
             action: note.reason.to_owned(),
-            secondary: note.instance.as_ref().map(|pod| ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.clone()),
+            secondary: note.related.as_ref().map(|related| ObjectReference {
+                api_version: Some(related.api_version.into()),
+                kind: Some(related.kind.into()),
+                name: Some(related.name.clone()),
                 namespace: reference.namespace.clone(),
                 ..ObjectReference::default()
             }),
         };
         if let Err(error) = self.recorder.publish(&event, reference).await {
-            tracing::warn!(cluster = ?reference.name, reason = note.reason, %error, "could not record an Event");
+            tracing::warn!(kind = ?reference.kind, name = ?reference.name, reason = note.reason, %error, "could not record an Event");
         }
     }
 }
 
-pub fn object_reference(cluster: &DatabaseCluster) -> ObjectReference {
-    let mut reference = cluster.object_ref(&());
-    reference.namespace = cluster.namespace();
+/// Where Events about `object` (a cluster, a schedule) go.
+pub fn object_reference<K: Resource<DynamicType = ()>>(object: &K) -> ObjectReference {
+    let mut reference = object.object_ref(&());
+    reference.namespace = object.namespace();
     reference
 }
 

@@ -11,6 +11,8 @@
 //! `cluster/pass.rs`; the instance API is called by `instance_client.rs` (mutual TLS
 //! with the certificates of `certificates.rs`). One replica of the operator acts at a
 //! time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
+//! Beside it, under the same lease: the `Backup` controller (`backup/`) and the
+//! `BackupSchedule` controller (`schedule/`).
 
 mod backup;
 pub mod build;
@@ -25,6 +27,7 @@ mod reconcile;
 mod replica;
 mod restore;
 mod root;
+mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -148,6 +151,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         watched(&client, &args),
         watched(&client, &args),
     );
+    // Backup schedules act under the same lease, beside the clusters.
+    let schedules = schedule::run(
+        watched(&client, &args),
+        watched(&client, &args),
+        context.shared.clone(),
+    );
     tracing::info!("DatabaseCluster controller starting");
     let controller = Controller::new(watched(&client, &args), watcher::Config::default());
     // Deleted clusters (no finalizer: owner references clean up) never reach
@@ -185,7 +194,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             .await
     };
     tokio::select! {
-        ((), ()) = async { tokio::join!(controller, backups) } => {}
+        ((), (), ()) = async { tokio::join!(controller, backups, schedules) } => {}
         reason = &mut lost => {
             let reason = reason.unwrap_or_else(|e| format!("the lease keeper stopped: {e}"));
             anyhow::bail!("lost leadership ({reason}); exiting so that only one operator acts");

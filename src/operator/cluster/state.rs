@@ -166,15 +166,24 @@ impl Waiting {
     }
 }
 
-/// A Kubernetes Event to record on the cluster.
+/// A Kubernetes Event to record on the cluster (or on a backup schedule).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Note {
     pub warning: bool,
     pub reason: &'static str,
     pub message: String,
-    /// The instance (pod) it is about, recorded as the Event's related object, so
-    /// that the same step on two instances is two Events rather than one series.
-    pub instance: Option<String>,
+    /// The object it is about (an instance's pod, a schedule's Backup), recorded as
+    /// the Event's related object, so that the same step on two of them is two Events
+    /// rather than one series: a series keeps its first Event's message.
+    pub related: Option<Related>,
+}
+
+/// The related object of an Event, in the recorded object's namespace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Related {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub name: String,
 }
 
 impl Note {
@@ -183,7 +192,7 @@ impl Note {
             warning: false,
             reason,
             message,
-            instance: None,
+            related: None,
         }
     }
 
@@ -192,13 +201,27 @@ impl Note {
             warning: true,
             reason,
             message,
-            instance: None,
+            related: None,
         }
     }
 
     /// The same Event, about one instance.
-    pub fn about(mut self, instance: &str) -> Self {
-        self.instance = Some(instance.to_owned());
+    pub fn about(self, instance: &str) -> Self {
+        self.about_object("v1", "Pod", instance)
+    }
+
+    /// The same Event, about another object of the namespace.
+    pub fn about_object(
+        mut self,
+        api_version: &'static str,
+        kind: &'static str,
+        name: &str,
+    ) -> Self {
+        self.related = Some(Related {
+            api_version,
+            kind,
+            name: name.to_owned(),
+        });
         self
     }
 }
