@@ -57,6 +57,12 @@ pub struct BackupScheduleSpec {
     /// first slot (not while suspended).
     #[serde(default)]
     pub immediate: bool,
+
+    /// Verify every backup this schedule makes: each is restored into a scratch instance
+    /// and checked once completed (`spec.verify` on the Backups); the newest verdict is
+    /// the schedule's `RestoreVerified` condition and `status.lastVerified`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify: bool,
 }
 
 /// What the schedule has done and will do.
@@ -86,4 +92,7 @@ pub struct BackupScheduleStatus {
     /// slots are skipped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active_backups: Vec<String>,
+    /// When the newest verification of one of its backups finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_verified: Option<String>,
 }

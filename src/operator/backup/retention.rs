@@ -20,24 +20,16 @@ use crate::instance_api::{ArchiveTarget, BackupPhase, BackupReport};
 /// How old an upload without a manifest must be before it counts as abandoned.
 const ABANDONED_AFTER: Duration = Duration::from_secs(24 * 3600);
 
-/// `36h`, `30d`, `8w` (admission checked the form).
-pub fn max_age(text: &str) -> Option<Duration> {
-    let (number, unit) = text.split_at(text.len().checked_sub(1)?);
-    let number: u64 = number.parse().ok()?;
-    let hours = match unit {
-        "h" => number,
-        "d" => number * 24,
-        "w" => number * 24 * 7,
-        _ => return None,
-    };
-    Some(Duration::from_secs(hours * 3600))
-}
-
 /// The ids of the completed backups to remove, of `manifests` (one cluster's), at
 /// `now_ms`.
 pub fn expired(manifests: &[BackupReport], retention: &Retention, now_ms: u64) -> Vec<String> {
     let keep_last = retention.keep_last.and_then(|k| usize::try_from(k).ok());
-    let max_age = retention.max_age.as_deref().and_then(max_age);
+    let max_age = match retention.max_age() {
+        None => None,
+        Some(Ok(age)) => Some(age),
+        // Unreadable (admission refuses it): remove nothing rather than guess.
+        Some(Err(_)) => return Vec::new(),
+    };
     if keep_last.is_none() && max_age.is_none() {
         return Vec::new();
     }
@@ -218,11 +210,9 @@ mod tests {
     }
 
     #[test]
-    fn ages_read_hours_days_and_weeks() {
-        assert_eq!(max_age("36h"), Some(Duration::from_secs(36 * 3600)));
-        assert_eq!(max_age("2d"), Some(Duration::from_secs(48 * 3600)));
-        assert_eq!(max_age("1w"), Some(Duration::from_secs(168 * 3600)));
-        assert_eq!(max_age("5m"), None);
+    fn an_unreadable_age_removes_nothing() {
+        let all = vec![completed("a", 1), completed("b", 2), completed("c", 3)];
+        assert!(expired(&all, &retention(Some(1), Some("5m")), 1000 * HOUR).is_empty());
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub const SCHEDULE_UID_ANNOTATION: &str = "castellan.io/schedule-uid";
 
 /// The condition this machine keeps.
 pub const READY: &str = "Ready";
+
+/// The verdict of a restore verification (`operator::backup::verify`).
+pub const RESTORE_VERIFIED: &str = "RestoreVerified";
 /// `Ready` False: the cron expression or the time zone cannot be used.
 pub const INVALID_SCHEDULE: &str = "InvalidSchedule";
 /// `Ready` True: backups are made on schedule.
@@ -100,7 +103,7 @@ impl Phase {
 }
 
 /// What the machine needs to know of one of the schedule's Backups.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct BackupRecord {
     pub name: String,
     pub created: Timestamp,
@@ -109,6 +112,8 @@ pub struct BackupRecord {
     pub completed: Option<Timestamp>,
     /// The uid of the schedule that made it.
     pub schedule_uid: Option<String>,
+    /// Its `RestoreVerified` verdict, once verified.
+    pub verified: Option<Condition>,
 }
 
 impl BackupRecord {
@@ -122,6 +127,10 @@ impl BackupRecord {
                 .and_then(|s| s.stopped_at.as_deref())
                 .and_then(|t| t.parse().ok()),
             schedule_uid: backup.annotations().get(SCHEDULE_UID_ANNOTATION).cloned(),
+            verified: status
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == RESTORE_VERIFIED))
+                .filter(|c| c.status != "Unknown")
+                .cloned(),
         })
     }
 
@@ -256,6 +265,7 @@ pub fn backup(
     schedule: &str,
     schedule_uid: Option<&str>,
     cluster: &str,
+    verify: bool,
     planned: &Planned,
 ) -> Backup {
     Backup {
@@ -276,6 +286,7 @@ pub fn backup(
         spec: BackupSpec {
             cluster: cluster.to_owned(),
             method: BackupMethod::default(),
+            verify,
         },
         status: None,
     }
@@ -628,13 +639,22 @@ fn status(
         .map(|b| b.name.clone())
         .chain(create.iter().map(|p| p.name.clone()))
         .collect();
+    // The newest verdict on one of its backups, as the schedule's own.
+    let verified = kept
+        .iter()
+        .filter_map(|b| b.verified.as_ref())
+        .max_by_key(|c| c.last_transition_time.0);
     let mut conditions: Vec<Condition> = previous
         .conditions
         .iter()
-        .filter(|c| c.type_ != READY)
+        .filter(|c| c.type_ != READY && (verified.is_none() || c.type_ != RESTORE_VERIFIED))
         .cloned()
         .collect();
     conditions.push(ready);
+    conditions.extend(verified.cloned());
+    let last_verified = verified
+        .map(|c| c.last_transition_time.0.to_string())
+        .or_else(|| previous.last_verified.clone());
     BackupScheduleStatus {
         observed_generation: observed.generation,
         conditions,
@@ -642,6 +662,7 @@ fn status(
         next_schedule_time: next.map(|t| t.to_string()),
         last_successful_backup,
         active_backups,
+        last_verified,
     }
 }
 
@@ -703,6 +724,7 @@ mod tests {
             retention: None,
             suspend: false,
             immediate: false,
+            verify: false,
         }
     }
 
@@ -718,6 +740,7 @@ mod tests {
             phase,
             completed: matches!(phase, Phase::Completed | Phase::Failed).then(|| at(created)),
             schedule_uid: Some(UID.to_owned()),
+            verified: None,
         }
     }
 
@@ -1044,7 +1067,7 @@ mod tests {
         );
         assert_eq!(decision.requeue, Some(Duration::from_secs(60)));
 
-        let backup = backup("shop", NAME, Some(UID), "orders", &planned);
+        let backup = backup("shop", NAME, Some(UID), "orders", false, &planned);
         let labels = backup.metadata.labels.clone().expect("labels");
         assert_eq!(labels.get(SCHEDULE_LABEL).map(String::as_str), Some(NAME));
         assert_eq!(
@@ -1649,12 +1672,42 @@ mod tests {
     }
 
     #[test]
+    fn the_newest_verdict_on_its_backups_is_the_schedules() {
+        let verdict = |status: &str, time: &str| Condition {
+            type_: RESTORE_VERIFIED.to_owned(),
+            status: status.to_owned(),
+            reason: "r".to_owned(),
+            message: format!("verified at {time}"),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(time)),
+        };
+        let mut old = record("nightly-1", "2026-03-01T03:00:00Z", Phase::Completed);
+        old.verified = Some(verdict("True", "2026-03-01T03:20:00Z"));
+        let mut new = record("nightly-2", "2026-03-02T03:00:00Z", Phase::Completed);
+        new.verified = Some(verdict("False", "2026-03-02T03:20:00Z"));
+        let backups = [old, new];
+        let spec = spec("0 3 * * *");
+        let status = look(&spec, None, &backups, "2026-03-02T04:00:00Z").status;
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == RESTORE_VERIFIED)
+            .expect("RestoreVerified");
+        assert_eq!(condition.status, "False");
+        assert_eq!(
+            status.last_verified.as_deref(),
+            Some("2026-03-02T03:20:00Z")
+        );
+    }
+
+    #[test]
     fn a_backup_record_reads_the_objects_times() {
         let mut backup = backup(
             "shop",
             NAME,
             Some(UID),
             "orders",
+            false,
             &Planned {
                 name: "nightly-20260301030000".to_owned(),
                 slot: at("2026-03-01T03:00:00Z"),
@@ -1675,6 +1728,7 @@ mod tests {
                 phase: Phase::Completed,
                 completed: Some(at("2026-03-01T03:10:00Z")),
                 schedule_uid: Some(UID.to_owned()),
+                verified: None,
             })
         );
     }

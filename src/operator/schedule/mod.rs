@@ -156,6 +156,7 @@ async fn apply(schedule: &BackupSchedule, shared: &Shared, key: &str) -> Result<
             &name,
             schedule.metadata.uid.as_deref(),
             &schedule.spec.cluster,
+            schedule.spec.verify,
             planned,
         );
         let params = PostParams {
