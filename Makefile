@@ -23,7 +23,7 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel s3 build up down crds check test bench bench-storage bench-failover
+.PHONY: help deps controlplane otel s3 build up down crds check test bench bench-storage bench-failover bench-backup
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
@@ -34,6 +34,7 @@ help:
 	@echo "make crds   regenerate crds/ from the Rust types"
 	@echo "make bench  DatabaseCluster benchmark (apply → Ready, operator memory) on its own cluster"
 	@echo "make bench-storage  time disk hotplug → BlockDevice → pool growth on the make up cluster"
+	@echo "make bench-backup    base backup throughput as a ratio of a raw read and of pg_basebackup, zstd vs lz4, restore time (>1 GiB) on its own cluster"
 	@echo "make bench-failover  seconds until writes work again after a killed postgres, a lost node, a switchover; rows lost (sync/async) on its own cluster (BENCH_FAULTS, default 10)"
 
 deps:
@@ -104,6 +105,10 @@ bench: controlplane
 
 # Built before the cluster comes up (a compile error costs no bring-up); the dev profile,
 # whose castellan binary the nodes run too.
+bench-backup: controlplane s3
+	cargo bench --profile dev -p castellan --bench backup --no-run
+	BENCH_S3=1 bench/local_cluster.sh cargo bench --profile dev -p castellan --bench backup
+
 bench-failover: controlplane
 	cargo bench --profile dev -p castellan --bench failover --no-run
 	bench/local_cluster.sh cargo bench --profile dev -p castellan --bench failover

@@ -18,6 +18,7 @@ export CASTELLAN_KUBECONFIG="$CASTELLAN_DEV_DIR/kubeconfig"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/castellan/target}"
 
 bench_cluster_down() {
+  "$bench_repo/deploy/local/s3.sh" down >/dev/null 2>&1 || true
   "$bench_repo/deploy/local/nodes.sh" down >/dev/null 2>&1 || true
   "$bench_repo/deploy/local/cluster.sh" down >/dev/null 2>&1 || true
 }
@@ -28,6 +29,8 @@ bench_cluster_up() {
   bench_cluster_down
   "$bench_repo/deploy/local/deps.sh"
   "$bench_repo/deploy/local/cluster.sh" up
+  # The S3 server, for the benchmarks that back up (BENCH_S3=1).
+  if [[ -n "${BENCH_S3:-}" ]]; then "$bench_repo/deploy/local/s3.sh" up; fi
   "$bench_repo/deploy/local/nodes.sh" up
 }
 
