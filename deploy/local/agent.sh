@@ -24,6 +24,10 @@ die() { echo "agent: error: $*" >&2; exit 1; }
 
 up() {
   local node
+  # Tests run side by side and each makes sure the agent is up: one at a time, or two
+  # `kubectl apply`s both create the namespace and one fails with AlreadyExists.
+  exec 9>"$dev/agent.lock"
+  flock 9
   for node in $("${k[@]}" get nodes -o jsonpath='{.items[*].metadata.name}'); do
     mkdir -p "$dev/disks/$node"
     "${k[@]}" annotate --overwrite node "$node" "castellan.io/device-allow=^$dev/disks/$node/" >/dev/null
