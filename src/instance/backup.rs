@@ -113,6 +113,35 @@ pub fn backup_key(prefix: &str, system_id: &str, id: &str) -> String {
     }
 }
 
+/// The key of backup `id`'s manifest.
+pub fn manifest_key(prefix: &str, system_id: &str, id: &str) -> String {
+    format!("{}/backup.json", backup_key(prefix, system_id, id))
+}
+
+/// Backup `id`'s manifest, `None` when it has none (it never completed); the error
+/// says what could not be read.
+pub async fn read_manifest(
+    store: &dyn ObjectStore,
+    prefix: &str,
+    system_id: &str,
+    id: &str,
+) -> Result<Option<BackupReport>, String> {
+    let key = manifest_key(prefix, system_id, id);
+    match store.get(&ObjectPath::from(key.as_str())).await {
+        Ok(found) => {
+            let bytes = found
+                .bytes()
+                .await
+                .map_err(|e| format!("reading {key}: {e}"))?;
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("the manifest {key} is unreadable: {e}"))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(error) => Err(format!("reading {key}: {error}")),
+    }
+}
+
 /// The manager's base backups: at most one running, the last few remembered.
 pub struct Backups {
     instance: String,
@@ -250,7 +279,7 @@ async fn take(
         })?;
     let prefix = target.prefix.trim_matches('/');
     let key = backup_key(prefix, &system_id, id);
-    let manifest_key = format!("{key}/backup.json");
+    let manifest_key = manifest_key(prefix, &system_id, id);
     if store
         .head(&ObjectPath::from(manifest_key.as_str()))
         .await

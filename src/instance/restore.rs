@@ -16,7 +16,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::mpsc;
 
 use super::archive;
-use super::backup::backup_key;
+use super::backup::{backup_key, read_manifest};
 use crate::instance_api::{BackupPhase, BackupReport, RestoreRequest};
 
 #[derive(Debug, thiserror::Error)]
@@ -46,40 +46,25 @@ pub async fn unpack(
     read: Arc<AtomicU64>,
 ) -> Result<BackupReport, RestoreError> {
     let store: Arc<dyn ObjectStore> = Arc::new(archive::s3_store(&request.source)?);
-    let key = backup_key(
-        request.source.prefix.trim_matches('/'),
+    let prefix = request.source.prefix.trim_matches('/');
+    let key = backup_key(prefix, &request.system_id, &request.backup_id);
+    let manifest = read_manifest(
+        store.as_ref(),
+        prefix,
         &request.system_id,
         &request.backup_id,
-    );
-    let manifest_key = format!("{key}/backup.json");
-    let manifest: BackupReport = match store.get(&ObjectPath::from(manifest_key.as_str())).await {
-        Ok(found) => {
-            let bytes = found.bytes().await.map_err(|source| RestoreError::Store {
-                what: "reading",
-                key: manifest_key.clone(),
-                source,
-            })?;
-            serde_json::from_slice(&bytes).map_err(|e| {
-                RestoreError::Refused(format!("the manifest {manifest_key} is unreadable: {e}"))
-            })?
-        }
-        Err(object_store::Error::NotFound { .. }) => {
-            return Err(RestoreError::Refused(format!(
-                "backup {} has no manifest ({manifest_key}): it never completed and is not restored",
-                request.backup_id
-            )));
-        }
-        Err(source) => {
-            return Err(RestoreError::Store {
-                what: "reading",
-                key: manifest_key,
-                source,
-            });
-        }
-    };
+    )
+    .await
+    .map_err(RestoreError::Refused)?
+    .ok_or_else(|| {
+        RestoreError::Refused(format!(
+            "backup {} has no manifest under {key}: it never completed and is not restored",
+            request.backup_id
+        ))
+    })?;
     if manifest.phase != BackupPhase::Completed {
         return Err(RestoreError::Refused(format!(
-            "the manifest {manifest_key} does not say the backup completed"
+            "the manifest under {key} does not say the backup completed"
         )));
     }
 

@@ -7,12 +7,13 @@ use castellan_crds::database_cluster::Recovery;
 use castellan_crds::{Backup, DatabaseCluster};
 use futures::TryStreamExt;
 use kube::{Api, Client, ResourceExt};
+use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::backup::machine::{COMPLETED, rfc3339};
 use super::object_store::target;
 use crate::instance::archive::s3_store;
+use crate::instance::backup::read_manifest;
 use crate::instance_api::{ArchiveTarget, BackupPhase, BackupReport, Lsn, RestoreRequest};
 
 /// The restore for `cluster`'s first instance, or why it cannot go ahead yet; `None`
@@ -165,31 +166,6 @@ fn parse_location(location: &str) -> Option<(String, String)> {
     let (before, _id) = key.rsplit_once("/base/")?;
     let (prefix, _system_id) = before.rsplit_once('/').unwrap_or(("", before));
     Some((bucket.to_owned(), prefix.to_owned()))
-}
-
-async fn read_manifest(
-    store: &dyn ObjectStore,
-    prefix: &str,
-    system_id: &str,
-    id: &str,
-) -> Result<Option<BackupReport>, String> {
-    let key = format!(
-        "{}/backup.json",
-        crate::instance::backup::backup_key(prefix, system_id, id)
-    );
-    match store.get(&ObjectPath::from(key.as_str())).await {
-        Ok(found) => {
-            let bytes = found
-                .bytes()
-                .await
-                .map_err(|e| format!("reading {key}: {e}"))?;
-            serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| format!("the manifest {key} is unreadable: {e}"))
-        }
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(error) => Err(format!("reading {key}: {error}")),
-    }
 }
 
 /// Every completed backup's manifest under the location, whatever cluster (system
