@@ -82,6 +82,23 @@ pub fn address(server_name: &str, ip: &str, port: i32) -> String {
     }
 }
 
+/// The instance API address of `pod`, an instance of `cluster` (its certificate is the
+/// cluster's), once the pod has an IP.
+pub fn pod_address(
+    cluster: &castellan_crds::DatabaseCluster,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Option<String> {
+    use kube::ResourceExt;
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let server_name = crate::pki::server_name(&cluster.name_any(), &namespace);
+    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
+    Some(address(
+        &server_name,
+        ip,
+        crate::operator::build::INSTANCE_API_PORT,
+    ))
+}
+
 /// Splits an address into the name to verify and where to connect.
 fn target(address: &str) -> io::Result<(ServerName<'static>, &str)> {
     let (name, socket) = address.split_once('@').ok_or_else(|| {

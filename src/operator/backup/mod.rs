@@ -20,11 +20,9 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use object_store::ObjectStoreExt;
 use serde_json::json;
 use tracing::Instrument;
 
-use super::build::INSTANCE_API_PORT;
 use super::cluster::Note;
 use super::context::Shared;
 use super::instance_client::{self, InstanceApiError};
@@ -277,7 +275,7 @@ async fn observe(
     if not_ready_for(&pod) > NOT_READY_LIMIT {
         return Observed::Gone;
     }
-    let Some(address) = pod_address(cluster, &pod) else {
+    let Some(address) = instance_client::pod_address(cluster, &pod) else {
         return Observed::Unreachable(format!("pod {instance} has no IP address"));
     };
     match instance_client::call("GET", &address, &format!("/backup/{id}"), None).await {
@@ -312,17 +310,6 @@ fn not_ready_for(pod: &Pod) -> Duration {
     }
 }
 
-pub(super) fn pod_address(cluster: &DatabaseCluster, pod: &Pod) -> Option<String> {
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let server_name = crate::pki::server_name(&cluster.name_any(), &namespace);
-    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
-    Some(instance_client::address(
-        &server_name,
-        ip,
-        INSTANCE_API_PORT,
-    ))
-}
-
 /// The instance API address of `instance`.
 async fn address(
     client: &Client,
@@ -336,7 +323,8 @@ async fn address(
         .await
         .map_err(|e| format!("reading pod {instance}: {e}"))?
         .ok_or_else(|| format!("pod {instance} does not exist"))?;
-    pod_address(cluster, &pod).ok_or_else(|| format!("pod {instance} has no IP address"))
+    instance_client::pod_address(cluster, &pod)
+        .ok_or_else(|| format!("pod {instance} has no IP address"))
 }
 
 /// Asks the primary to close its WAL segment. A failure is only logged: the segment
@@ -366,23 +354,17 @@ async fn switch_wal(client: &Client, cluster: &DatabaseCluster) {
     }
 }
 
-/// The manifest of backup `id`, if it was written: the proof that it completed.
+/// The manifest of backup `id`, if it was written: the proof that it completed. One
+/// that cannot be read counts as absent (and is logged): the backup is not proven.
 async fn manifest(target: &ArchiveTarget, system_id: &str, id: &str) -> Option<BackupReport> {
     let store = crate::instance::archive::s3_store(target).ok()?;
-    let key = format!(
-        "{}/backup.json",
-        crate::instance::backup::backup_key(target.prefix.trim_matches('/'), system_id, id)
-    );
-    let location = object_store::path::Path::from(key.as_str());
-    let bytes = match store.get(&location).await {
-        Ok(found) => found.bytes().await.ok()?,
-        Err(object_store::Error::NotFound { .. }) => return None,
-        Err(error) => {
-            tracing::warn!(%key, %error, "reading a backup's manifest");
-            return None;
-        }
-    };
-    serde_json::from_slice(&bytes).ok()
+    let prefix = target.prefix.trim_matches('/');
+    crate::instance::backup::read_manifest(&store, prefix, system_id, id)
+        .await
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "reading a backup's manifest");
+            None
+        })
 }
 
 pub(super) async fn write_status(

@@ -19,7 +19,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use super::{machine, pod_address, write_status};
+use super::{machine, write_status};
 use crate::instance_api::{RestoreRequest, StatusReport, VerificationReport};
 use crate::operator::build;
 use crate::operator::cluster::Note;
@@ -250,7 +250,7 @@ async fn observe(pods: &Api<Pod>, cluster: &DatabaseCluster, name: &str, backup:
     if pod.metadata.deletion_timestamp.is_some() {
         return Scratch::Busy(name.to_owned());
     }
-    let Some(address) = pod_address(cluster, &pod) else {
+    let Some(address) = instance_client::pod_address(cluster, &pod) else {
         return Scratch::Starting;
     };
     match instance_client::call("GET", &address, "/status", None).await {
@@ -285,7 +285,8 @@ async fn send_restore(
         .get(name)
         .await
         .map_err(|e| format!("reading pod {name}: {e}"))?;
-    let address = pod_address(cluster, &pod).ok_or("the scratch pod has no address")?;
+    let address =
+        instance_client::pod_address(cluster, &pod).ok_or("the scratch pod has no address")?;
     instance_client::call("POST", &address, "/restore", Some(&json!(request)))
         .await
         .map(|_| ())

@@ -22,7 +22,7 @@ use kube::ResourceExt;
 use super::state::{Assessment, ConvergeOrder, Converged, Member, desired_count};
 use super::volumes;
 use crate::instance_api::RunningRole;
-use crate::operator::build::{self, INSTANCE_API_PORT, ROLE_LABEL, StartRole};
+use crate::operator::build::{self, ROLE_LABEL, StartRole};
 use crate::operator::instance_client;
 use crate::operator::replica::InstanceView;
 
@@ -420,18 +420,12 @@ fn members(
     remove: &[String],
 ) -> BTreeMap<String, Member> {
     let cluster = order.cluster.as_ref();
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let server_name = crate::pki::server_name(&cluster.name_any(), &namespace);
     let found = observed.pods.iter().filter_map(|(n, pod)| {
         let name = pod.name_any();
         if remove.contains(&name) {
             return None;
         }
-        let address = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.as_ref())
-            .map(|ip| instance_client::address(&server_name, ip, INSTANCE_API_PORT));
+        let address = instance_client::pod_address(cluster, pod);
         let node = pod
             .spec
             .as_ref()
