@@ -29,3 +29,6 @@ for tool in go cargo rustc; do
 done
 cargo fmt --version >/dev/null 2>&1 || { echo "deps: rustfmt is required (rustup component add rustfmt)" >&2; exit 1; }
 cargo clippy --version >/dev/null 2>&1 || { echo "deps: clippy is required (rustup component add clippy)" >&2; exit 1; }
+
+# Builds cache outside the clone; keep that cache from filling the disk.
+"$(dirname "$0")/prune-cache.sh"

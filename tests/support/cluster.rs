@@ -151,6 +151,7 @@ impl LocalVolumes {
         let file = std::env::temp_dir().join(format!("{class}.yaml"));
         std::fs::write(&file, manifests).expect("writing manifests");
         kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
+        let _ = std::fs::remove_file(&file);
         Self { class, names, root }
     }
 }
@@ -188,13 +189,15 @@ pub fn apply_cluster(namespace: &str, name: &str, replicas: u32, class: &str, ex
 pub fn apply_manifest(namespace: &str, name: &str, yaml: &str) -> String {
     let manifest = std::env::temp_dir().join(format!("{namespace}-{name}.yaml"));
     std::fs::write(&manifest, yaml).expect("writing the manifest");
-    kubectl_ok(&[
+    let applied = kubectl_ok(&[
         "apply",
         "-f",
         manifest.to_str().expect("utf-8 path"),
         "-n",
         namespace,
-    ])
+    ]);
+    let _ = std::fs::remove_file(&manifest);
+    applied
 }
 
 /// A superuser connection to instance `pod` of `cluster`, or why there is none (yet).
