@@ -8,10 +8,10 @@
 //! 1. a raw sequential read of every file of the data directory (the ceiling);
 //! 2. `pg_basebackup` of the server to `/dev/null` (tar, no WAL): what PostgreSQL's own
 //!    tool reaches;
-//! 3. a Castellan `Backup` (zstd level 1 into a multipart upload), from its creation to
-//!    `Completed`;
-//! 4. a restore of that backup into a new cluster, from its creation to `Restored` and
-//!    Ready.
+//! 3. a Castellan `Backup` into a multipart upload, from its creation to `Completed`:
+//!    uncompressed (`compression: none`), then with zstd level 1 (the default);
+//! 4. restores of both backups into new clusters, from their creation to `Restored`
+//!    and Ready.
 //!
 //! And, in process over the same files (cached), how fast and how small zstd levels 1
 //! and 3 and lz4 compress them on one core: the measurement behind the choice of zstd.
@@ -225,69 +225,87 @@ async fn main() {
         );
     }
 
-    drop_caches();
-    let started = Instant::now();
-    apply_manifest(
-        &ns,
-        "bench",
-        "apiVersion: castellan.io/v1alpha1\nkind: Backup\nmetadata: {name: bench}\nspec: {cluster: shop}\n",
-    );
-    wait_for(
-        "the backup Completed",
-        Duration::from_secs(1800),
-        || {
-            let phase = jsonpath("backup", "bench", &ns, "{.status.phase}");
-            assert_ne!(
-                phase,
-                "Failed",
-                "{}",
-                jsonpath("backup", "bench", &ns, "{.status.error}")
-            );
-            phase == "Completed"
-        },
-        diagnostics,
-    );
-    let elapsed = started.elapsed();
-    let data: u64 = jsonpath("backup", "bench", &ns, "{.status.dataBytes}")
-        .parse()
-        .unwrap_or(0);
-    let stored: u64 = jsonpath("backup", "bench", &ns, "{.status.sizeBytes}")
-        .parse()
-        .unwrap_or(0);
-    let backup = rate(data, elapsed);
-    println!(
-        "Castellan Backup (zstd -1, multipart): {:.1}s for {:.0} MiB, {backup:.0} MiB/s ({:.2} of raw), stored {:.0} MiB ({:.1}%)",
-        elapsed.as_secs_f64(),
-        data as f64 / MIB,
-        backup / raw,
-        stored as f64 / MIB,
-        stored as f64 * 100.0 / data.max(1) as f64
-    );
+    // Castellan's backup uncompressed, then with zstd (the default), each after
+    // dropping the page cache; restores of both.
+    for (name, compression) in [("plain", "none"), ("zstd", "zstd")] {
+        apply_cluster(
+            &ns,
+            "shop",
+            1,
+            &volumes.class,
+            &format!(
+                "  backup: {}\n",
+                s3::backup_target(None, &format!("compression: {compression}"))
+            ),
+        );
+        drop_caches();
+        let started = Instant::now();
+        apply_manifest(
+            &ns,
+            name,
+            &format!(
+                "apiVersion: castellan.io/v1alpha1\nkind: Backup\nmetadata: {{name: {name}}}\nspec: {{cluster: shop}}\n"
+            ),
+        );
+        wait_for(
+            &format!("backup {name} Completed"),
+            Duration::from_secs(1800),
+            || {
+                let phase = jsonpath("backup", name, &ns, "{.status.phase}");
+                assert_ne!(
+                    phase,
+                    "Failed",
+                    "{}",
+                    jsonpath("backup", name, &ns, "{.status.error}")
+                );
+                phase == "Completed"
+            },
+            diagnostics,
+        );
+        let elapsed = started.elapsed();
+        let data: u64 = jsonpath("backup", name, &ns, "{.status.dataBytes}")
+            .parse()
+            .unwrap_or(0);
+        let stored: u64 = jsonpath("backup", name, &ns, "{.status.sizeBytes}")
+            .parse()
+            .unwrap_or(0);
+        let backup = rate(data, elapsed);
+        println!(
+            "Castellan Backup (compression: {compression}, multipart): {:.1}s for {:.0} MiB, {backup:.0} MiB/s ({:.2} of raw), stored {:.0} MiB ({:.1}%)",
+            elapsed.as_secs_f64(),
+            data as f64 / MIB,
+            backup / raw,
+            stored as f64 / MIB,
+            stored as f64 * 100.0 / data.max(1) as f64
+        );
+    }
 
-    let started = Instant::now();
-    apply_manifest(
-        &ns,
-        "restored",
-        &format!(
-            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: restored}}\nspec:\n  \
-             engine: postgresql\n  version: \"15\"\n  replicas: 1\n  \
-             storage: {{size: 1Gi, storageClassName: {}}}\n  bootstrap: {{recovery: {{backup: bench}}}}\n",
-            volumes.class
-        ),
-    );
-    wait_for(
-        "the restore Ready",
-        Duration::from_secs(1800),
-        || {
-            phase_and_ready(&ns, "restored") == "Ready/1"
-                && condition(&ns, "restored", "Restored") == "True/Restored"
-        },
-        diagnostics,
-    );
-    println!(
-        "restore of {:.0} MiB into a new cluster, to Ready: {:.1}s",
-        data as f64 / MIB,
-        started.elapsed().as_secs_f64()
-    );
+    for backup in ["plain", "zstd"] {
+        let restored = format!("restored-{backup}");
+        let started = Instant::now();
+        apply_manifest(
+            &ns,
+            &restored,
+            &format!(
+                "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: {restored}}}\nspec:\n  \
+                 engine: postgresql\n  version: \"15\"\n  replicas: 1\n  \
+                 storage: {{size: 1Gi, storageClassName: {}}}\n  bootstrap: {{recovery: {{backup: {backup}}}}}\n",
+                volumes.class
+            ),
+        );
+        wait_for(
+            &format!("{restored} Ready"),
+            Duration::from_secs(1800),
+            || {
+                phase_and_ready(&ns, &restored) == "Ready/1"
+                    && condition(&ns, &restored, "Restored") == "True/Restored"
+            },
+            diagnostics,
+        );
+        println!(
+            "restore of backup {backup} into a new cluster, to Ready: {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+    }
     drop(operator);
 }

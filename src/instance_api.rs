@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use castellan_crds::database_cluster::Compression;
 use serde::{Deserialize, Serialize};
 
 /// A WAL position (`pg_lsn`), comparable. PostgreSQL writes it as two hexadecimal
@@ -271,6 +272,10 @@ pub struct ArchiveTarget {
     pub region: Option<String>,
     pub access_key_id: String,
     pub secret_access_key: String,
+    /// PEM certificates to trust for an `https://` endpoint beside the system's
+    /// (`spec.backup.endpointCA`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
 }
 
 impl fmt::Debug for ArchiveTarget {
@@ -280,6 +285,7 @@ impl fmt::Debug for ArchiveTarget {
             .field("bucket", &self.bucket)
             .field("prefix", &self.prefix)
             .field("region", &self.region)
+            .field("ca_bundle", &self.ca_bundle.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -356,6 +362,8 @@ pub struct BackupRequest {
     /// letters, digits, `-` and `_` only.
     pub id: String,
     pub target: ArchiveTarget,
+    #[serde(default)]
+    pub compression: Compression,
 }
 
 /// `POST /restore`: fill this instance's empty volume from base backup `backup_id` of
@@ -416,6 +424,10 @@ pub struct BackupReport {
     pub instance: String,
     #[serde(default)]
     pub from_standby: bool,
+    /// How the data's tar is stored (manifests written before the choice existed say
+    /// nothing: zstd).
+    #[serde(default)]
+    pub compression: Compression,
     /// The key prefix of the backup's objects (`<prefix>/<system id>/base/<id>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,

@@ -41,6 +41,8 @@ impl Kind {
                 "backup": {
                     "endpoint": "https://s3.example.com", "bucket": "backups",
                     "credentials": { "secretName": "s3" },
+                    "endpointCA": { "secretName": "s3-ca" },
+                    "compression": "none",
                     "retention": { "keepLast": 3, "maxAge": "30d" }
                 }
             }),
@@ -311,6 +313,12 @@ fn cases() -> Vec<Case> {
             DatabaseCluster,
             Update(json!({"storage": {"storageClassName": "slow"}})),
             "storage.storageClassName cannot be changed once set",
+        ),
+        case(
+            "unknown compression",
+            DatabaseCluster,
+            Create(json!({"backup": {"compression": "gzip"}})),
+            "supported values: \"zstd\", \"none\"",
         ),
         case(
             "storage class removed",

@@ -357,9 +357,53 @@ pub struct BackupTarget {
     /// The Secret (in the cluster's namespace) holding the access keys.
     pub credentials: S3Credentials,
 
+    /// The certificate authority (PEM, one or more certificates) that signed an
+    /// `https://` endpoint's certificate, when it is a private one; trusted beside the
+    /// system's authorities.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "endpointCA"
+    )]
+    pub endpoint_ca: Option<SecretKey>,
+
+    /// How base backups are compressed: `zstd` (default; level 1, about a fifth of
+    /// the data's size for typical tables) or `none` (when the network to the store is
+    /// faster than a core compresses). WAL is always compressed with zstd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
+
     /// Which backups to keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+}
+
+/// How a base backup's tar is stored.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// zstd level 1: `data.tar.zst`.
+    #[default]
+    Zstd,
+    /// The plain tar: `data.tar`.
+    None,
+}
+
+/// A key of a Secret in the cluster's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKey {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// The key in it; `ca.crt` when absent.
+    #[serde(default = "default_ca_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".to_owned()
 }
 
 /// Names the Secret and the keys in it that hold S3 credentials.

@@ -31,7 +31,9 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    Certificate, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OnceCell, watch};
@@ -160,9 +162,22 @@ impl Archiver {
 }
 
 /// The S3 client for `target`: path-style requests (S3-compatible servers on an IP
-/// address have no virtual hosts), plain HTTP only when the endpoint says `http://`.
+/// address have no virtual hosts), plain HTTP only when the endpoint says `http://`,
+/// the target's CA bundle trusted beside the system's authorities.
 pub fn s3_store(target: &ArchiveTarget) -> Result<object_store::aws::AmazonS3, ArchiveError> {
+    let client_error = |source| ArchiveError::Client {
+        endpoint: target.endpoint.clone(),
+        source,
+    };
+    let mut options = ClientOptions::new();
+    if let Some(pem) = &target.ca_bundle {
+        for certificate in Certificate::from_pem_bundle(pem.as_bytes()).map_err(client_error)? {
+            options = options.with_root_certificate(certificate);
+        }
+    }
     AmazonS3Builder::new()
+        // First: the settings below that are client options amend these.
+        .with_client_options(options)
         .with_endpoint(&target.endpoint)
         .with_bucket_name(&target.bucket)
         .with_region(target.region.as_deref().unwrap_or("us-east-1"))
@@ -174,10 +189,7 @@ pub fn s3_store(target: &ArchiveTarget) -> Result<object_store::aws::AmazonS3, A
         // without it).
         .with_conditional_put(S3ConditionalPut::ETagMatch)
         .build()
-        .map_err(|source| ArchiveError::Client {
-            endpoint: target.endpoint.clone(),
-            source,
-        })
+        .map_err(client_error)
 }
 
 /// The manager's side of archiving: the setting the operator sent, what it did since,
@@ -414,12 +426,29 @@ impl Archive {
     }
 
     fn record_failure(&self, name: &str, error: &ArchiveError) {
+        let error = with_causes(error);
         tracing::warn!(file = name, %error, "archiving a WAL file failed");
         if let Ok(mut report) = self.report.lock() {
             report.last_failure = Some(format!("archiving {name}: {error}"));
             report.last_failed_ms = Some(millis_since_epoch(SystemTime::now()));
         }
     }
+}
+
+/// `error` with the causes its message leaves out: the S3 client says "error sending
+/// request" and keeps why (a refused certificate, a refused connection) in its sources.
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let said = inner.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = inner.source();
+    }
+    text
 }
 
 fn file_name(path: &Path) -> String {
@@ -721,6 +750,20 @@ mod tests {
     }
 
     #[test]
+    fn failures_carry_the_causes_their_message_leaves_out() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("error sending request")]
+        struct Outer(#[source] std::io::Error);
+        let error = Outer(std::io::Error::other(
+            "invalid peer certificate: UnknownIssuer",
+        ));
+        assert_eq!(
+            with_causes(&error),
+            "error sending request: invalid peer certificate: UnknownIssuer"
+        );
+    }
+
+    #[test]
     fn fingerprints_change_with_the_credentials_only_in_hash() {
         let target = |secret: &str| ArchiveTarget {
             endpoint: "http://127.0.0.1:9000".into(),
@@ -729,6 +772,7 @@ mod tests {
             region: None,
             access_key_id: "id".into(),
             secret_access_key: secret.into(),
+            ca_bundle: None,
         };
         let a = ArchiveConfig::new(Some(target("s3cr3t-a")));
         let b = ArchiveConfig::new(Some(target("s3cr3t-b")));

@@ -14,7 +14,8 @@
 //! and only then writes `backup.json`, its manifest. A backup without a manifest was
 //! never finished and is never restored.
 //!
-//! Layout: `<prefix>/<system id>/base/<id>/data.tar.zst` and `.../backup.json`.
+//! Layout: `<prefix>/<system id>/base/<id>/data.tar.zst` (`data.tar` with
+//! `compression: none`) and `.../backup.json`.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -32,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::archive::{self, wal_key};
 use super::bootstrap::Binaries;
 use crate::instance_api::{BackupPhase, BackupReport, BackupRequest, Lsn, millis_since_epoch};
+use castellan_crds::database_cluster::Compression;
 
 /// zstd level for base backups: 1 keeps one core ahead of a disk's sequential read
 /// (`docs/benchmarks.md`, `make bench-backup`).
@@ -110,6 +112,14 @@ pub fn backup_key(prefix: &str, system_id: &str, id: &str) -> String {
         format!("{system_id}/base/{id}")
     } else {
         format!("{prefix}/{system_id}/base/{id}")
+    }
+}
+
+/// The key of the tar under backup key prefix `key`.
+pub fn data_key(key: &str, compression: Compression) -> String {
+    match compression {
+        Compression::Zstd => format!("{key}/data.tar.zst"),
+        Compression::None => format!("{key}/data.tar"),
     }
 }
 
@@ -212,6 +222,7 @@ impl Backups {
             phase: BackupPhase::Running,
             instance: self.instance.clone(),
             from_standby: standby,
+            compression: request.compression,
             started_ms: Some(millis_since_epoch(SystemTime::now())),
             ..BackupReport::default()
         };
@@ -243,7 +254,7 @@ impl Backups {
                     tracing::error!(backup = %id, error = %error, "base backup failed");
                     backups.update(&id, |report| {
                         report.phase = BackupPhase::Failed;
-                        report.error = Some(error.to_string());
+                        report.error = Some(archive::with_causes(&error));
                         report.stopped_ms = Some(now);
                     });
                 }
@@ -267,11 +278,10 @@ async fn take(
     request: &BackupRequest,
     standby: bool,
 ) -> Result<(), BackupError> {
-    let source = backups;
     let id = &request.id;
     let target = &request.target;
     let store: Arc<dyn ObjectStore> = Arc::new(archive::s3_store(target)?);
-    let system_id = super::bootstrap::system_identifier(&source.binaries, &source.data_dir)
+    let system_id = super::bootstrap::system_identifier(&backups.binaries, &backups.data_dir)
         .await
         .map_err(|e| BackupError::Refused(format!("reading the system identifier: {e}")))?
         .ok_or_else(|| {
@@ -296,7 +306,7 @@ async fn take(
 
     // Detached from the pool: if the backup fails, closing the session aborts it,
     // where a pooled session would keep it open for the next user.
-    let mut connection = source
+    let mut connection = backups
         .pool
         .acquire()
         .await
@@ -316,7 +326,7 @@ async fn take(
     backups.update(id, |report| report.begin_lsn = Some(begin.clone()));
 
     let files = tokio::task::spawn_blocking({
-        let data_dir = source.data_dir.clone();
+        let data_dir = backups.data_dir.clone();
         move || list(&data_dir)
     })
     .await
@@ -324,15 +334,26 @@ async fn take(
     let total: u64 = files.iter().map(|f| f.size).sum();
     backups.update(id, |report| report.bytes_total = total);
 
-    let data_key = format!("{key}/data.tar.zst");
+    let compression = request.compression;
+    let data_key = data_key(&key, compression);
     let read = Arc::new(AtomicU64::new(0));
     let (chunks_tx, chunks_rx) = mpsc::channel::<Bytes>(2);
     let (files_done_tx, files_done_rx) = oneshot::channel::<()>();
     let (label_tx, label_rx) = oneshot::channel::<Option<Stopped>>();
     let writer = tokio::task::spawn_blocking({
-        let data_dir = source.data_dir.clone();
+        let data_dir = backups.data_dir.clone();
         let read = read.clone();
-        move || write_tar(&data_dir, &files, &read, chunks_tx, files_done_tx, label_rx)
+        move || {
+            write_tar(
+                &data_dir,
+                &files,
+                compression,
+                &read,
+                chunks_tx,
+                files_done_tx,
+                label_rx,
+            )
+        }
     });
     let upload = upload(store.clone(), &data_key, chunks_rx);
     let progress = async {
@@ -357,7 +378,7 @@ async fn take(
     let consistent_ms = millis_since_epoch(SystemTime::now());
 
     let label = parse_label(&label)?;
-    let segment_size = segment_size(&source.pool).await?;
+    let segment_size = segment_size(&backups.pool).await?;
     let end_wal = segment_name(label.timeline, stop_lsn, segment_size);
     backups.update(id, |report| {
         report.bytes_read = total;
@@ -372,7 +393,7 @@ async fn take(
 
     // The segment holding the stop point must be archived for the copy to restore.
     if !standby {
-        super::database::switch_wal(&source.pool)
+        super::database::switch_wal(&backups.pool)
             .await
             .map_err(|e| BackupError::Refused(format!("after the backup: {e}")))?;
     }
@@ -625,11 +646,51 @@ impl Write for Chunks {
     }
 }
 
+/// The compressor between the tar and the upload's parts, or none.
+enum Packer {
+    Zstd(zstd::Encoder<'static, Chunks>),
+    Plain(Chunks),
+}
+
+impl Packer {
+    fn new(sink: Chunks, compression: Compression) -> std::io::Result<Self> {
+        Ok(match compression {
+            Compression::Zstd => Packer::Zstd(zstd::Encoder::new(sink, ZSTD_LEVEL)?),
+            Compression::None => Packer::Plain(sink),
+        })
+    }
+
+    /// Ends the compressed stream; returns the parts' sink.
+    fn finish(self) -> std::io::Result<Chunks> {
+        match self {
+            Packer::Zstd(encoder) => encoder.finish(),
+            Packer::Plain(sink) => Ok(sink),
+        }
+    }
+}
+
+impl Write for Packer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Packer::Zstd(encoder) => encoder.write(buf),
+            Packer::Plain(sink) => sink.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Packer::Zstd(encoder) => encoder.flush(),
+            Packer::Plain(sink) => sink.flush(),
+        }
+    }
+}
+
 /// Writes the tar of `files`, then (once `pg_backup_stop` answered) the backup label,
-/// compressed, into `chunks`. Runs on a blocking thread.
+/// into `chunks`, compressed as asked. Runs on a blocking thread.
 fn write_tar(
     data_dir: &Path,
     files: &[Entry],
+    compression: Compression,
     read: &AtomicU64,
     chunks: mpsc::Sender<Bytes>,
     files_done: oneshot::Sender<()>,
@@ -643,9 +704,8 @@ fn write_tar(
         let path = path.to_path_buf();
         move |source| BackupError::File { what, path, source }
     };
-    let encoder =
-        zstd::Encoder::new(sink, ZSTD_LEVEL).map_err(file_error("compressing", data_dir))?;
-    let mut tar = tar::Builder::new(encoder);
+    let packer = Packer::new(sink, compression).map_err(file_error("compressing", data_dir))?;
+    let mut tar = tar::Builder::new(packer);
     tar.mode(tar::HeaderMode::Complete);
     for entry in files {
         let full = data_dir.join(&entry.path);
@@ -716,10 +776,10 @@ fn write_tar(
         tar.append_data(&mut header, name, contents.as_bytes())
             .map_err(file_error("adding to the backup", Path::new(name)))?;
     }
-    let encoder = tar
+    let packer = tar
         .into_inner()
         .map_err(file_error("finishing the tar of", data_dir))?;
-    let mut sink = encoder
+    let mut sink = packer
         .finish()
         .map_err(file_error("compressing", data_dir))?;
     if !sink.buffer.is_empty() {
@@ -840,6 +900,88 @@ mod tests {
             }
         );
         assert!(parse_label("nonsense").is_err());
+    }
+
+    /// The tar a backup writes, in either compression, unpacks (as a restore does) to
+    /// the listed files and the label, byte for byte.
+    #[test]
+    fn tars_round_trip_with_and_without_compression() {
+        for compression in [Compression::Zstd, Compression::None] {
+            let root = std::env::temp_dir().join(format!(
+                "castellan-backup-tar-{compression:?}-{}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&root);
+            let (source, target) = (root.join("source"), root.join("target"));
+            std::fs::create_dir_all(source.join("base/1")).expect("test value");
+            std::fs::create_dir_all(&target).expect("test value");
+            // Pages of noise and pages of zeros, more than one upload part.
+            let table: Vec<u8> = (0..(PART_BYTES + 4096) as u32)
+                .map(|i| match (i / 8192) % 2 {
+                    0 => (i.wrapping_mul(2_654_435_761) >> 24) as u8,
+                    _ => 0,
+                })
+                .collect();
+            std::fs::write(source.join("base/1/16384"), &table).expect("test value");
+            std::fs::write(source.join("PG_VERSION"), "15\n").expect("test value");
+            let files = list(&source).expect("test value");
+
+            let (chunks_tx, mut chunks_rx) = mpsc::channel::<Bytes>(64);
+            let (files_done_tx, files_done_rx) = oneshot::channel();
+            let (label_tx, label_rx) = oneshot::channel();
+            let read = AtomicU64::new(0);
+            let writer = std::thread::spawn({
+                let source = source.clone();
+                move || {
+                    write_tar(
+                        &source,
+                        &files,
+                        compression,
+                        &read,
+                        chunks_tx,
+                        files_done_tx,
+                        label_rx,
+                    )
+                    .map(|()| read.load(Ordering::Relaxed))
+                }
+            });
+            files_done_rx
+                .blocking_recv()
+                .expect("the files are in the tar");
+            let label = "START WAL LOCATION: 0/2000028 (file 000000010000000000000002)\n";
+            let stopped = Stopped {
+                label: label.to_owned(),
+                tablespace_map: String::new(),
+            };
+            assert!(label_tx.send(Some(stopped)).is_ok());
+            let mut stored = Vec::new();
+            while let Some(chunk) = chunks_rx.blocking_recv() {
+                stored.extend_from_slice(&chunk);
+            }
+            let read = writer
+                .join()
+                .expect("no panic")
+                .expect("the tar is written");
+            assert_eq!(read, table.len() as u64 + 3);
+            let compressed = stored.len() < table.len();
+            assert_eq!(
+                compressed,
+                compression == Compression::Zstd,
+                "{compression:?}"
+            );
+
+            crate::instance::restore::unpack_tar(stored.as_slice(), compression, &target)
+                .expect("unpacked");
+            assert_eq!(
+                std::fs::read(target.join("base/1/16384")).expect("test value"),
+                table
+            );
+            assert_eq!(
+                std::fs::read_to_string(target.join("backup_label")).expect("test value"),
+                label
+            );
+            let _ = std::fs::remove_dir_all(&root);
+        }
     }
 
     #[test]

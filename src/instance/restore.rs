@@ -1,7 +1,7 @@
 //! Restoring a base backup into an empty data directory: its manifest is read first
-//! (only a completed backup has one), then the compressed tar is streamed from the
-//! object store and unpacked as it arrives, with no copy of the archive on disk. The
-//! WAL replay that follows is PostgreSQL's, with `restore_command` reading the source
+//! (only a completed backup has one, and it says how the tar is compressed), then the
+//! tar is streamed from the object store and unpacked as it arrives, with no copy of
+//! the archive on disk. The WAL replay that follows is PostgreSQL's, with `restore_command` reading the source
 //! cluster's archive (`archive::Archive::read_from`).
 
 use std::io::Read;
@@ -16,8 +16,9 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::mpsc;
 
 use super::archive;
-use super::backup::{backup_key, read_manifest};
+use super::backup::{backup_key, data_key, read_manifest};
 use crate::instance_api::{BackupPhase, BackupReport, RestoreRequest};
+use castellan_crds::database_cluster::Compression;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -68,7 +69,8 @@ pub async fn unpack(
         )));
     }
 
-    let data_key = format!("{key}/data.tar.zst");
+    let compression = manifest.compression;
+    let data_key = data_key(&key, compression);
     let stream = store
         .get(&ObjectPath::from(data_key.as_str()))
         .await
@@ -86,15 +88,7 @@ pub async fn unpack(
                 receiver,
                 current: Bytes::new(),
             };
-            let decoder = zstd::Decoder::new(reader)?;
-            let mut tar = tar::Archive::new(decoder);
-            tar.set_preserve_permissions(true);
-            tar.set_overwrite(false);
-            for entry in tar.entries()? {
-                // unpack_in refuses paths that leave the directory.
-                entry?.unpack_in(&data_dir)?;
-            }
-            Ok::<(), std::io::Error>(())
+            unpack_tar(reader, compression, &data_dir)
         }
     });
     let feeding = async {
@@ -122,6 +116,27 @@ pub async fn unpack(
         )));
     }
     Ok(manifest)
+}
+
+/// Unpacks the backup's tar, stored as `compression` says, from `reader` into
+/// `data_dir`.
+pub(super) fn unpack_tar(
+    reader: impl Read,
+    compression: Compression,
+    data_dir: &Path,
+) -> std::io::Result<()> {
+    let unpacked: Box<dyn Read> = match compression {
+        Compression::Zstd => Box::new(zstd::Decoder::new(reader)?),
+        Compression::None => Box::new(reader),
+    };
+    let mut tar = tar::Archive::new(unpacked);
+    tar.set_preserve_permissions(true);
+    tar.set_overwrite(false);
+    for entry in tar.entries()? {
+        // unpack_in refuses paths that leave the directory.
+        entry?.unpack_in(data_dir)?;
+    }
+    Ok(())
 }
 
 /// A `Read` over the chunks the download sends; an error in the download is an error

@@ -6,6 +6,8 @@ use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::BackupTarget;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 use crate::instance_api::{ArchiveConfig, ArchiveTarget};
 
@@ -48,32 +50,72 @@ pub async fn target(
     prefix: String,
 ) -> Result<ArchiveTarget, String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let name = &backup.credentials.secret_name;
-    let secret = secrets
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("reading the object store credentials in Secret {name}: {e}"))?
-        .ok_or_else(|| {
-            format!("the object store credentials' Secret {name} does not exist in {namespace}")
-        })?;
-    let key = |key: &str| -> Result<String, String> {
-        let value = secret
-            .data
-            .as_ref()
-            .and_then(|data| data.get(key))
-            .ok_or_else(|| format!("Secret {name} has no key {key}"))?;
-        String::from_utf8(value.0.clone())
-            .map(|v| v.trim().to_owned())
-            .map_err(|_| format!("Secret {name}'s key {key} is not UTF-8 text"))
+    let credentials = &backup.credentials;
+    let secret = read_secret(&secrets, namespace, &credentials.secret_name, "credentials").await?;
+    let ca_bundle = match &backup.endpoint_ca {
+        None => None,
+        Some(ca) => {
+            let secret = read_secret(&secrets, namespace, &ca.secret_name, "endpointCA").await?;
+            let pem = text(&secret, &ca.key)?;
+            check_ca_bundle(&pem)
+                .map_err(|e| format!("Secret {}'s key {}: {e}", ca.secret_name, ca.key))?;
+            Some(pem)
+        }
     };
     Ok(ArchiveTarget {
         endpoint: backup.endpoint.trim_end_matches('/').to_owned(),
         bucket: backup.bucket.clone(),
         prefix,
         region: backup.region.clone(),
-        access_key_id: key(&backup.credentials.access_key_id_key)?,
-        secret_access_key: key(&backup.credentials.secret_access_key_key)?,
+        access_key_id: text(&secret, &credentials.access_key_id_key)?,
+        secret_access_key: text(&secret, &credentials.secret_access_key_key)?,
+        ca_bundle,
     })
+}
+
+/// Secret `name` in `namespace`, named in `spec.backup` for `what`.
+async fn read_secret(
+    secrets: &Api<Secret>,
+    namespace: &str,
+    name: &str,
+    what: &str,
+) -> Result<Secret, String> {
+    secrets
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading the object store's {what} in Secret {name}: {e}"))?
+        .ok_or_else(|| {
+            format!("the object store's {what} Secret {name} does not exist in {namespace}")
+        })
+}
+
+/// The text under `key` of `secret`, trimmed.
+fn text(secret: &Secret, key: &str) -> Result<String, String> {
+    let name = secret.name_any();
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get(key))
+        .ok_or_else(|| format!("Secret {name} has no key {key}"))?;
+    String::from_utf8(value.0.clone())
+        .map(|v| v.trim().to_owned())
+        .map_err(|_| format!("Secret {name}'s key {key} is not UTF-8 text"))
+}
+
+/// Refuses a CA bundle without a single readable PEM certificate, which the S3 client
+/// would otherwise take as "no extra roots" and fail later with an unknown issuer.
+pub fn check_ca_bundle(pem: &str) -> Result<(), String> {
+    let mut count = 0;
+    for certificate in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let der = certificate.map_err(|e| format!("not PEM certificates: {e}"))?;
+        x509_parser::parse_x509_certificate(&der)
+            .map_err(|e| format!("certificate {} cannot be read: {e}", count + 1))?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".to_owned());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -89,6 +131,20 @@ mod tests {
                      "storage": {"size": "1Gi"}}
         }))
         .expect("a cluster")
+    }
+
+    #[test]
+    fn a_ca_bundle_must_hold_readable_certificates() {
+        let authority =
+            crate::pki::Authority::generate(std::time::SystemTime::now()).expect("a CA");
+        let pem = authority.cert_pem().to_owned();
+        assert_eq!(check_ca_bundle(&pem), Ok(()));
+        assert_eq!(check_ca_bundle(&format!("{pem}\n{pem}")), Ok(()));
+        let empty = check_ca_bundle("just text").expect_err("no certificate");
+        assert!(empty.contains("holds no PEM certificate"), "{empty}");
+        let broken = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let unreadable = check_ca_bundle(broken).expect_err("not a certificate");
+        assert!(unreadable.contains("cannot be read"), "{unreadable}");
     }
 
     #[test]

@@ -133,3 +133,104 @@ pub async fn put(key: &str, bytes: Vec<u8>) {
         .await
         .unwrap_or_else(|e| panic!("writing {key}: {e}"));
 }
+
+/// The local S3 server behind TLS with a private CA, as a user's in-house store is: a
+/// proxy on `127.0.0.1` that terminates TLS with a certificate of its own CA (SAN
+/// 127.0.0.1) and passes the bytes on to the plain server. Runs until dropped.
+pub struct TlsProxy {
+    /// `https://127.0.0.1:<port>`.
+    pub endpoint: String,
+    /// The CA that signed the proxy's certificate, PEM.
+    pub ca_pem: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl TlsProxy {
+    pub fn start() -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+        let ca_key = KeyPair::generate().expect("a CA key");
+        let mut ca = CertificateParams::default();
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "castellan test S3 CA");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        let ca_pem = ca.self_signed(&ca_key).expect("the CA certificate").pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().expect("a server key");
+        let mut server = CertificateParams::default();
+        server.subject_alt_names = vec![SanType::IpAddress([127, 0, 0, 1].into())];
+        let certificate = server
+            .signed_by(&key, &issuer)
+            .expect("the server certificate");
+        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![certificate.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .expect("the server's TLS configuration");
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+
+        let upstream = env()["S3_ENDPOINT"]
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port for the proxy");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let endpoint = format!("https://{}", listener.local_addr().expect("its address"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // Its own runtime: the tests wait with blocking calls.
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("the proxy's runtime");
+            runtime.block_on(async move {
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).expect("the proxy's listener");
+                let serve = async {
+                    loop {
+                        let Ok((client, _)) = listener.accept().await else {
+                            continue;
+                        };
+                        let (acceptor, upstream) = (acceptor.clone(), upstream.clone());
+                        tokio::spawn(async move {
+                            // A client that refuses the certificate ends here.
+                            let Ok(mut client) = acceptor.accept(client).await else {
+                                return;
+                            };
+                            let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await
+                            else {
+                                return;
+                            };
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        });
+                    }
+                };
+                tokio::select! {
+                    () = serve => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        Self {
+            endpoint,
+            ca_pem,
+            stop: Some(stop),
+        }
+    }
+}
+
+impl Drop for TlsProxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}

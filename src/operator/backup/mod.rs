@@ -188,9 +188,16 @@ async fn begin(
         Ok(address) => address,
         Err(error) => return wait(&status, error),
     };
+    let compression = cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|backup| backup.compression)
+        .unwrap_or_default();
     let request = BackupRequest {
         id: id.clone(),
         target,
+        compression,
     };
     let body = serde_json::to_value(&request).unwrap_or_default();
     match instance_client::call("POST", &address, "/backup", Some(&body)).await {

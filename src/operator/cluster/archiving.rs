@@ -134,6 +134,7 @@ mod tests {
             region: None,
             access_key_id: "id".into(),
             secret_access_key: "secret".into(),
+            ca_bundle: None,
         }))
     }
 
@@ -176,7 +177,7 @@ mod tests {
             commands(&effects)
                 .iter()
                 .any(|(name, command)| name == "db-2"
-                    && matches!(command, Command::Reload { archive: Some(a), .. } if *a == on())),
+                    && matches!(command, Command::Reload { archive: Some(a), .. } if **a == on())),
             "{effects:?}"
         );
     }

@@ -164,7 +164,7 @@ pub fn notes(effects: &[ClusterEffect]) -> Vec<&'static str> {
 
 pub fn converge_order(effects: &[ClusterEffect]) -> Option<&ConvergeOrder> {
     effects.iter().find_map(|e| match e {
-        ClusterEffect::Converge(order) => Some(order),
+        ClusterEffect::Converge(order) => Some(order.as_ref()),
         _ => None,
     })
 }

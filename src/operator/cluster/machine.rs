@@ -295,7 +295,7 @@ pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect
         return;
     }
     state.converging = true;
-    effects.push(ClusterEffect::Converge(ConvergeOrder {
+    effects.push(ClusterEffect::Converge(Box::new(ConvergeOrder {
         remove: removable(state, &cluster),
         views: state.views.values().cloned().collect(),
         degraded: state.degraded.clone(),
@@ -320,7 +320,7 @@ pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect
         archive_condition: archive_assessment(state),
         restore_condition: restore_assessment(state),
         cluster,
-    }));
+    })));
 }
 
 /// 1 s, 2 s, 4 s … up to [`MAX_RETRY_DELAY`].
@@ -394,7 +394,8 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
         // The archive setting goes along only to an instance that lacks it.
         let archive = wanted_archive(state)
             .filter(|a| view.archive.fingerprint.as_deref() != Some(a.fingerprint.as_str()))
-            .cloned();
+            .cloned()
+            .map(Box::new);
         let is_primary = primary_name.as_deref() == Some(name.as_str());
         if is_primary && view.serving_as_primary() && state.failover.is_none() {
             let staying = quorum_standbys(state, &cluster);

@@ -309,7 +309,7 @@ pub enum ClusterEvent {
 
 #[derive(Debug)]
 pub enum ClusterEffect {
-    Converge(ConvergeOrder),
+    Converge(Box<ConvergeOrder>),
     /// Run exactly these `ReplicaActor`s (instance, API address); stop the others.
     Track(Vec<(String, Option<String>)>),
     Command {

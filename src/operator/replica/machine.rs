@@ -162,8 +162,9 @@ pub enum Command {
         parameters: BTreeMap<String, String>,
         sync_names: Option<String>,
         slots: Option<Vec<String>>,
-        /// The WAL archive setting, when the instance does not have it yet.
-        archive: Option<ArchiveConfig>,
+        /// The WAL archive setting, when the instance does not have it yet (boxed: it
+        /// is large and rare).
+        archive: Option<Box<ArchiveConfig>>,
     },
     /// Restart PostgreSQL (for parameters that need it).
     Restart,
@@ -246,7 +247,7 @@ pub enum ReplicaEffect {
     /// Send the command to the instance API at the address.
     Call(String, Command),
     /// Tell the cluster what the instance looks like now.
-    Report(InstanceView),
+    Report(Box<InstanceView>),
     /// Tell the cluster how a command ended, and when.
     Finished {
         command: Command,
@@ -306,11 +307,11 @@ impl StateMachine for ReplicaMachine {
                 if state.address.is_none() {
                     // No address (a pod being made, or gone): that is news too. A view
                     // left from before would hide that the instance is not there.
-                    effects.push(ReplicaEffect::Report(InstanceView::unreachable(
+                    effects.push(ReplicaEffect::Report(Box::new(InstanceView::unreachable(
                         &state.name,
                         at,
                         "its pod has no address".to_owned(),
-                    )));
+                    ))));
                 }
                 effects.push(fetch_or_wait(&state));
             }
@@ -323,7 +324,7 @@ impl StateMachine for ReplicaMachine {
                     Ok(report) => InstanceView::from_report(&state.name, at, *report),
                     Err(error) => InstanceView::unreachable(&state.name, at, error),
                 };
-                effects.push(ReplicaEffect::Report(view));
+                effects.push(ReplicaEffect::Report(Box::new(view)));
                 if next_poll {
                     effects.push(ReplicaEffect::PollAfter(POLL_INTERVAL));
                 }
@@ -474,11 +475,11 @@ mod tests {
         let (_, effects) = step(tracked(), polled);
         assert_eq!(
             effects,
-            vec![ReplicaEffect::Report(InstanceView::unreachable(
+            vec![ReplicaEffect::Report(Box::new(InstanceView::unreachable(
                 "db-2",
                 at(),
                 "refused".into()
-            ))]
+            )))]
         );
     }
 
@@ -542,7 +543,11 @@ mod tests {
         let (_, effects) = step(tracked(), polled);
         assert_eq!(
             effects[0],
-            ReplicaEffect::Report(InstanceView::unreachable("db-2", at(), "refused".into()))
+            ReplicaEffect::Report(Box::new(InstanceView::unreachable(
+                "db-2",
+                at(),
+                "refused".into()
+            )))
         );
         assert_eq!(effects[1], ReplicaEffect::PollAfter(POLL_INTERVAL));
     }
@@ -657,11 +662,11 @@ mod tests {
         assert_eq!(
             effects,
             vec![
-                ReplicaEffect::Report(InstanceView::unreachable(
+                ReplicaEffect::Report(Box::new(InstanceView::unreachable(
                     "db-2",
                     at(),
                     "its pod has no address".into()
-                )),
+                ))),
                 ReplicaEffect::PollAfter(POLL_INTERVAL),
             ]
         );

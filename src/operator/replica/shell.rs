@@ -126,7 +126,7 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                                     parameters: Some(parameters.clone()),
                                     synchronous_standby_names: sync_names.clone(),
                                     slots: slots.clone(),
-                                    archive: archive.clone(),
+                                    archive: archive.as_deref().cloned(),
                                 };
                                 post("/reload", json!(body)).await
                             }
@@ -148,7 +148,7 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
             }
             ReplicaEffect::Report(view) => {
                 self.cluster
-                    .do_send(Event::new(ClusterEvent::Observed(view)));
+                    .do_send(Event::new(ClusterEvent::Observed(*view)));
             }
             ReplicaEffect::Finished {
                 command,
