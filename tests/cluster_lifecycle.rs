@@ -1,8 +1,9 @@
 //! Day two of a DatabaseCluster, end to end on the dev nodes through kubectl-level
 //! actions: a 3-instance synchronous cluster scaled to 5 while the leading operator is
 //! killed, then to 2 (a commit is on the remaining sync standby when it returns); a
-//! reloadable and a restart-only parameter changed; a replica's volume lost and
-//! rebuilt from the primary; an actor panic survived and reported; the Lease released
+//! reloadable and a restart-only parameter changed; a value PostgreSQL refuses never
+//! written (a condition names it, a replica made meanwhile starts without it); a
+//! replica's volume lost and rebuilt from the primary; an actor panic survived and reported; the Lease released
 //! on a clean shutdown.
 
 mod support;
@@ -48,6 +49,16 @@ async fn setting(connection: &mut sqlx::PgConnection, name: &str) -> String {
         .fetch_one(connection)
         .await
         .unwrap_or_else(|e| panic!("show {name}: {e}"))
+}
+
+/// `work_mem` on each instance of `shop`, in the order of their pods' names.
+async fn work_mem_everywhere(namespace: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    for (_, ip) in instance_addresses(namespace, "shop") {
+        let mut connection = connect_app(namespace, "shop", &ip).await;
+        values.push(setting(&mut connection, "work_mem").await);
+    }
+    values
 }
 
 /// Every instance has every row of `orders`.
@@ -267,6 +278,42 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
     assert!(events(&ns, "RollingRestart").contains("max_connections"));
     assert!(events(&ns, "Reloaded").lines().count() >= 2);
 
+    // A value PostgreSQL refuses is never written: the condition names it with
+    // PostgreSQL's reason, and every instance keeps its last good configuration. (The
+    // replica rebuilt below is made while the spec still holds it: it starts without
+    // it rather than crash-looping.)
+    kubectl_ok(&[
+        "patch",
+        "dbc",
+        "shop",
+        "-n",
+        &ns,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"parameters":{"work_mem":"banana","max_connections":"150"}}}"#,
+    ]);
+    let parameters_condition = |field: &str| {
+        jsonpath(
+            "dbc",
+            "shop",
+            &ns,
+            &format!("{{.status.conditions[?(@.type==\"ParametersValid\")].{field}}}"),
+        )
+    };
+    wait_for(
+        "the refused work_mem in ParametersValid",
+        Duration::from_secs(60),
+        || {
+            parameters_condition("reason") == "InvalidParameters"
+                && parameters_condition("message")
+                    .contains("invalid value for parameter \"work_mem\": \"banana\"")
+        },
+        diagnostics,
+    );
+    assert!(events(&ns, "InvalidParameters").contains("work_mem"));
+    assert_eq!(work_mem_everywhere(&ns).await, vec!["8MB", "8MB"]);
+
     // A replica whose volume is lost is rebuilt from the primary.
     kubectl_ok(&["delete", "pvc", "shop-2", "-n", &ns, "--wait=false"]);
     kubectl_ok(&[
@@ -288,6 +335,41 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
         diagnostics,
     );
     every_instance_has(&ns, "shop", 2).await;
+    assert_eq!(
+        work_mem_everywhere(&ns).await,
+        vec!["8MB", "4MB"],
+        "the primary keeps its last good value; the rebuilt replica runs without the refused one (PostgreSQL's default)"
+    );
+    assert_eq!(parameters_condition("status"), "False");
+
+    // Corrected: taken everywhere, and the condition says so.
+    kubectl_ok(&[
+        "patch",
+        "dbc",
+        "shop",
+        "-n",
+        &ns,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"parameters":{"work_mem":"16MB","max_connections":"150"}}}"#,
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while work_mem_everywhere(&ns).await != vec!["16MB", "16MB"] {
+        assert!(
+            Instant::now() < deadline,
+            "work_mem 16MB everywhere\n{}",
+            diagnostics()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    wait_for(
+        "ParametersValid again",
+        Duration::from_secs(30),
+        || parameters_condition("status") == "True",
+        diagnostics,
+    );
+    assert!(!events(&ns, "ParametersValid").is_empty());
 
     kubectl_ok(&[
         "delete",

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::core::{Message, Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -14,44 +15,152 @@ use crate::retention::Retention;
 /// PostgreSQL major versions this release of Castellan can run.
 pub const SUPPORTED_POSTGRESQL_VERSIONS: [&str; 4] = ["15", "16", "17", "18"];
 
-/// Server parameters Castellan must own: where the server listens, how it replicates
-/// and archives, where its files are. Letting a user set them would break failover,
-/// backups or the instance manager's control of the server, so admission refuses them.
-pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 33] = [
-    "archive_cleanup_command",
-    "archive_command",
-    "archive_library",
-    "archive_mode",
-    "archive_timeout",
+/// Server parameters Castellan must own: where the server listens, how it replicates,
+/// archives and recovers, where its files are, and everything that runs a command or
+/// loads code (a superuser's power, which the cluster's users are not given through
+/// the spec). Letting a user set them would break failover, backups or the instance
+/// manager's control of the server, or escape it, so admission refuses them (and the
+/// instance manager again, for a request that did not come through admission).
+pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 37] = [
+    "allow_system_table_mods",
     "cluster_name",
     "config_file",
     "data_directory",
+    "dynamic_library_path",
     "external_pid_file",
     "full_page_writes",
     "hba_file",
     "hot_standby",
     "ident_file",
+    "jit_provider",
     "listen_addresses",
+    "local_preload_libraries",
     "max_replication_slots",
     "max_slot_wal_keep_size",
     "max_wal_senders",
     "port",
-    "primary_conninfo",
-    "primary_slot_name",
     "promote_trigger_file",
-    "recovery_target",
-    "recovery_target_lsn",
-    "recovery_target_time",
     "restore_command",
+    "session_preload_libraries",
+    "shared_preload_libraries",
     "ssl",
+    "ssl_ca_file",
+    "ssl_cert_file",
+    "ssl_crl_dir",
+    "ssl_crl_file",
+    "ssl_dh_params_file",
+    "ssl_key_file",
+    "ssl_passphrase_command",
+    "ssl_passphrase_command_supports_reload",
     "synchronous_standby_names",
     "unix_socket_directories",
+    "unix_socket_group",
+    "unix_socket_permissions",
+    "wal_keep_size",
     "wal_level",
     "wal_log_hints",
-    "wal_receiver_timeout",
-    "wal_retrieve_retry_interval",
-    "wal_sender_timeout",
 ];
+
+/// Prefixes of parameter names Castellan owns, for the families that grow with
+/// PostgreSQL releases: `archive_*` (archive_command, archive_library…),
+/// `recovery_*` (recovery_end_command, recovery_target_*…), `primary_*`
+/// (primary_conninfo, primary_slot_name), `include*` (include, include_dir,
+/// include_if_exists: other files read as configuration), and the WAL sender and
+/// receiver settings replication and failover are tuned with.
+pub const RESERVED_POSTGRESQL_PARAMETER_PREFIXES: [&str; 7] = [
+    "archive_",
+    "include",
+    "primary_",
+    "recovery_",
+    "wal_receiver_",
+    "wal_retrieve_",
+    "wal_sender_",
+];
+
+/// Roles a `DatabaseCluster` may not name as its application owner: the superuser and
+/// the role replicas stream with (Castellan's own), and PostgreSQL's reserved `pg_*`.
+pub const RESERVED_ROLES: [&str; 2] = ["postgres", "streaming_replica"];
+
+/// Whether `name` (case-insensitive, as PostgreSQL reads it) is a setting Castellan
+/// owns.
+pub fn is_reserved_parameter(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    RESERVED_POSTGRESQL_PARAMETERS.contains(&name.as_str())
+        || RESERVED_POSTGRESQL_PARAMETER_PREFIXES
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+}
+
+/// What a PostgreSQL setting name must look like: an identifier, or for an
+/// extension's setting two joined by a dot (`auto_explain.log_min_duration`).
+pub const PARAMETER_NAME_PATTERN: &str = "^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)?$";
+
+/// Why `name = value` cannot go into a configuration file, if it cannot: a name that is
+/// no setting name (a space or a line break would inject other settings), a value that
+/// would break the file (line breaks, NUL), or a setting Castellan owns.
+pub fn parameter_problem(name: &str, value: &str) -> Option<String> {
+    let identifier = |part: &str| {
+        part.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    let mut parts = name.split('.');
+    let well_formed = match (parts.next(), parts.next(), parts.next()) {
+        (Some(first), None, None) => identifier(first),
+        (Some(first), Some(second), None) => identifier(first) && identifier(second),
+        _ => false,
+    };
+    if !well_formed {
+        return Some(format!(
+            "parameter {name:?} is not a PostgreSQL setting name (letters, digits and '_', with one '.' for an extension's setting)"
+        ));
+    }
+    if value.contains(['\n', '\r', '\0']) {
+        return Some(format!(
+            "the value of parameter {name} holds a line break or NUL, which a configuration file cannot"
+        ));
+    }
+    if is_reserved_parameter(name) {
+        return Some(format!(
+            "parameter {name} is managed by Castellan and cannot be set"
+        ));
+    }
+    None
+}
+
+/// The CEL rules of `spec.parameters`' names, built from the lists above so that
+/// admission and the instance manager refuse the same names. The messages are fixed:
+/// a message expression naming the parameters (a `filter` over keys of unbounded
+/// length) is estimated at over 100 times the API server's cost budget. (The value
+/// rule sits on each value, so the error's path names the parameter.)
+fn parameter_rules() -> [Rule; 2] {
+    let quoted = |items: &[&str]| {
+        items
+            .iter()
+            .map(|item| format!("'{item}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let name_ok = format!("k.matches('{PARAMETER_NAME_PATTERN}')");
+    let owned = format!(
+        "(k.lowerAscii() in [{}] || [{}].exists(p, k.lowerAscii().startsWith(p)))",
+        quoted(&RESERVED_POSTGRESQL_PARAMETERS),
+        quoted(&RESERVED_POSTGRESQL_PARAMETER_PREFIXES)
+    );
+    [
+        Rule::new(format!("self.all(k, {name_ok})")).message(
+            "parameter names must be PostgreSQL setting names: letters, digits and _, with one . for an extension's setting such as auto_explain.log_min_duration (no spaces or line breaks)",
+        ),
+        Rule::new(format!("self.all(k, !{owned})"))
+            .message(Message::Message(format!(
+                "parameters cannot set what Castellan manages: {}, and every name starting with {}",
+                RESERVED_POSTGRESQL_PARAMETERS.join(", "),
+                RESERVED_POSTGRESQL_PARAMETER_PREFIXES.join(", ")
+            )))
+            .reason(Reason::FieldValueForbidden),
+    ]
+}
 
 /// The longest `DatabaseCluster` name. Castellan derives names from it: pods and
 /// volumes `<name>-<n>`, Services `<name>-rw`/`-ro`/`-r`, Secrets `<name>-superuser`
@@ -113,11 +222,16 @@ pub struct DatabaseClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<Replication>,
 
-    /// Database server parameters (`postgresql.conf` settings). Settings Castellan owns
-    /// (ports, listen addresses, replication and archiving) are refused.
+    /// Database server parameters (`postgresql.conf` settings). Names must be setting
+    /// names and values single lines; settings Castellan owns (ports, listen
+    /// addresses, replication, archiving and recovery, TLS files, anything that runs a
+    /// command or loads a library) are refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 128, "additionalProperties" = {"type": "string", "maxLength": 1024}))]
-    #[x_kube(validation = Rule::new("self.all(name, !(name.lowerAscii() in ['archive_cleanup_command', 'archive_command', 'archive_library', 'archive_mode', 'archive_timeout', 'cluster_name', 'config_file', 'data_directory', 'external_pid_file', 'full_page_writes', 'hba_file', 'hot_standby', 'ident_file', 'listen_addresses', 'max_replication_slots', 'max_slot_wal_keep_size', 'max_wal_senders', 'port', 'primary_conninfo', 'primary_slot_name', 'promote_trigger_file', 'recovery_target', 'recovery_target_lsn', 'recovery_target_time', 'restore_command', 'ssl', 'synchronous_standby_names', 'unix_socket_directories', 'wal_level', 'wal_log_hints', 'wal_receiver_timeout', 'wal_retrieve_retry_interval', 'wal_sender_timeout']))").message("parameters cannot set what Castellan manages: archive_*, cluster_name, config_file, data_directory, external_pid_file, full_page_writes, hba_file, hot_standby, ident_file, listen_addresses, max_replication_slots, max_slot_wal_keep_size, max_wal_senders, port, primary_conninfo, primary_slot_name, promote_trigger_file, recovery_target*, restore_command, ssl, synchronous_standby_names, unix_socket_directories, wal_level, wal_log_hints, wal_receiver_timeout, wal_retrieve_retry_interval, wal_sender_timeout").reason(Reason::FieldValueForbidden))]
+    #[schemars(extend("maxProperties" = 128, "additionalProperties" = {"type": "string", "maxLength": 1024, "x-kubernetes-validations": [{"rule": "!self.contains('\\n') && !self.contains('\\r') && !self.contains('\\x00')", "message": "parameter values cannot hold line breaks or NUL characters"}]}))]
+    #[x_kube(
+        validation = parameter_rules()[0].clone(),
+        validation = parameter_rules()[1].clone(),
+    )]
     pub parameters: BTreeMap<String, String>,
 
     /// Compute resources of each instance's database container.
@@ -284,7 +398,7 @@ pub struct Initdb {
     #[schemars(length(max = 63))]
     #[x_kube(
         validation = Rule::new("self.matches('^[a-z_][a-z0-9_]*$')").message("bootstrap.initdb.owner must start with a lowercase letter or '_' and hold only lowercase letters, digits and '_'"),
-        validation = Rule::new("self != 'postgres' && !self.startsWith('pg_')").message("bootstrap.initdb.owner cannot be the superuser 'postgres' or a reserved pg_ role"),
+        validation = Rule::new("!(self in ['postgres', 'streaming_replica']) && !self.startsWith('pg_')").message("bootstrap.initdb.owner cannot be one of the roles PostgreSQL and Castellan keep for themselves: the superuser 'postgres', the replication role 'streaming_replica', or a pg_ role"),
     )]
     pub owner: String,
 }
@@ -524,4 +638,73 @@ pub struct ReplicationSlotStatus {
     /// `max_slot_wal_keep_size` lost WAL its standby needed; that standby is rebuilt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_status: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_parameters_are_found_by_name_and_family_in_any_case() {
+        for owned in [
+            "archive_command",
+            "Archive_Library",
+            "recovery_end_command",
+            "recovery_target_xid",
+            "primary_conninfo",
+            "include_dir",
+            "shared_preload_libraries",
+            "ssl_passphrase_command",
+            "wal_receiver_status_interval",
+        ] {
+            assert!(is_reserved_parameter(owned), "{owned}");
+        }
+        for free in [
+            "work_mem",
+            "ssl_min_protocol_version",
+            "wal_buffers",
+            "log_statement",
+        ] {
+            assert!(!is_reserved_parameter(free), "{free}");
+        }
+    }
+
+    #[test]
+    fn parameter_names_are_setting_names() {
+        assert_eq!(
+            parameter_problem("auto_explain.log_min_duration", "1s"),
+            None
+        );
+        assert_eq!(parameter_problem("search_path", "\"$user\", public"), None);
+        for bad in [
+            " work_mem",
+            "work mem",
+            "a.b.c",
+            "1abc",
+            "work_mem\narchive_command",
+            "",
+        ] {
+            let problem = parameter_problem(bad, "x").expect("refused");
+            assert!(
+                problem.contains("is not a PostgreSQL setting name"),
+                "{problem}"
+            );
+        }
+        assert!(
+            parameter_problem("search_path", "a\u{0}b")
+                .is_some_and(|p| p.contains("line break or NUL"))
+        );
+    }
+
+    #[test]
+    fn the_admission_rules_come_from_the_same_lists() {
+        let rules = serde_json::to_string(&parameter_rules()).expect("rules serialise");
+        for name in RESERVED_POSTGRESQL_PARAMETERS
+            .iter()
+            .chain(&RESERVED_POSTGRESQL_PARAMETER_PREFIXES)
+        {
+            assert!(rules.contains(&format!("'{name}'")), "{name} in {rules}");
+        }
+        assert!(rules.contains(PARAMETER_NAME_PATTERN));
+    }
 }

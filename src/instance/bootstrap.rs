@@ -2,6 +2,7 @@
 //! the current primary for every other, and the files Castellan owns inside it
 //! (`castellan.conf`, `pg_hba.conf`, `standby.signal`). Runs PostgreSQL's own programs.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use tokio::process::Command;
@@ -97,10 +98,17 @@ pub async fn write_private(path: &Path, contents: &str) -> Result<(), BootstrapE
     options.write(true).create(true).truncate(true).mode(0o600);
     let path_buf = path.to_path_buf();
     let contents = contents.to_owned();
+    // Atomically: a crash in the middle leaves the old file, never half of the new
+    // one (a truncated castellan.conf would stop the server from starting).
     tokio::task::spawn_blocking(move || {
         use std::io::Write;
-        let mut file = options.open(&path_buf)?;
-        file.write_all(contents.as_bytes())
+        let mut name = path_buf.file_name().unwrap_or_default().to_os_string();
+        name.push(".new");
+        let temporary = path_buf.with_file_name(name);
+        let mut file = options.open(&temporary)?;
+        file.write_all(contents.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, &path_buf)
     })
     .await
     .map_err(|join| BootstrapError::Io {
@@ -109,6 +117,82 @@ pub async fn write_private(path: &Path, contents: &str) -> Result<(), BootstrapE
         source: std::io::Error::other(join),
     })?
     .map_err(io("writing", path))
+}
+
+/// PostgreSQL's own verdict on `parameters` for the server in `data_dir`: `postgres -C`
+/// reads the configuration with them on its command line and fails as a start would
+/// (an unknown setting, a value of the wrong type, out of range, not in the enum, or
+/// one that cannot be changed), in about 30 ms, whether the server runs or not. Returns
+/// one reason per refused parameter, in PostgreSQL's words; empty when all are good.
+pub async fn refused_parameters(
+    binaries: &Binaries,
+    data_dir: &Path,
+    parameters: &BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>, BootstrapError> {
+    if parameters.is_empty()
+        || check(binaries, data_dir, parameters.iter())
+            .await?
+            .is_none()
+    {
+        return Ok(Vec::new());
+    }
+    let mut refused = Vec::new();
+    for (name, value) in parameters {
+        if let Some(reason) = check(binaries, data_dir, [(name, value)]).await? {
+            refused.push((name.clone(), reason));
+        }
+    }
+    if refused.is_empty() {
+        // Each is good alone; together they are not (or the files are not).
+        let reason = check(binaries, data_dir, parameters.iter())
+            .await?
+            .unwrap_or_default();
+        refused.push(("(together)".to_owned(), reason));
+    }
+    Ok(refused)
+}
+
+/// `postgres -C` with `parameters` on its command line: `None` when PostgreSQL takes
+/// them, else its complaint.
+async fn check<'a>(
+    binaries: &Binaries,
+    data_dir: &Path,
+    parameters: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<Option<String>, BootstrapError> {
+    let mut args: Vec<String> = vec![
+        "-D".into(),
+        data_dir.to_string_lossy().into_owned(),
+        "-C".into(),
+        "server_version".into(),
+    ];
+    for (name, value) in parameters {
+        args.push("-c".into());
+        args.push(format!("{name}={value}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match binaries.run("postgres", &args, &[]).await {
+        Ok(_) => Ok(None),
+        Err(BootstrapError::Failed { stderr, .. }) => Ok(Some(postgres_complaint(&stderr))),
+        Err(error) => Err(error),
+    }
+}
+
+/// The FATAL line of a PostgreSQL program's complaint and its HINT, without the log
+/// prefix: `invalid value for parameter "work_mem": "banana"`.
+fn postgres_complaint(stderr: &str) -> String {
+    let mut said = Vec::new();
+    for line in stderr.lines() {
+        for tag in ["FATAL:", "ERROR:", "DETAIL:", "HINT:"] {
+            if let Some((_, rest)) = line.split_once(tag) {
+                said.push(rest.trim().to_owned());
+            }
+        }
+    }
+    if said.is_empty() {
+        stderr.trim().to_owned()
+    } else {
+        said.join(" ")
+    }
 }
 
 /// Whether `data_dir` already holds a cluster (then nothing is bootstrapped: a pod that
@@ -386,4 +470,20 @@ pub async fn rewind(
             &[("PGPASSFILE", passfile)],
         )
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn complaints_lose_the_log_prefix_and_keep_the_hint() {
+        let stderr = "2026-12-02 05:13:05.604 GMT [12876] FATAL:  invalid value for parameter \"wal_level\": \"bogus\"\n\
+                      2026-12-02 05:13:05.604 GMT [12876] HINT:  Available values: minimal, replica, logical.\n";
+        assert_eq!(
+            postgres_complaint(stderr),
+            "invalid value for parameter \"wal_level\": \"bogus\" Available values: minimal, replica, logical."
+        );
+        assert_eq!(postgres_complaint("no tags here\n"), "no tags here");
+    }
 }

@@ -172,6 +172,8 @@ pub struct Published {
     /// The server parameters the configuration was last written with, reported so the
     /// operator knows which instances a spec change has not reached.
     pub parameters: BTreeMap<String, String>,
+    /// Parameters asked for that PostgreSQL refused.
+    pub refused_parameters: Option<crate::instance_api::RefusedParameters>,
     /// What a restore into the empty volume is doing, or why it failed.
     pub restoring: Option<String>,
     /// A scratch instance's verdict on the backup it restored.
@@ -415,6 +417,32 @@ impl Instance {
         Ok(Role::Replica(upstream))
     }
 
+    /// Asks PostgreSQL whether it takes `parameters`: `None` when it does, else what it
+    /// refused and why. When PostgreSQL cannot be asked (no data directory yet), the
+    /// parameters pass: the server could not start either.
+    async fn vet_parameters(
+        &self,
+        parameters: &BTreeMap<String, String>,
+    ) -> Option<crate::instance_api::RefusedParameters> {
+        if !bootstrap::initialised(&self.args.data_dir) {
+            return None;
+        }
+        match bootstrap::refused_parameters(&self.binaries, &self.args.data_dir, parameters).await {
+            Ok(refused) if refused.is_empty() => None,
+            Ok(refused) => Some(crate::instance_api::RefusedParameters {
+                parameters: parameters.clone(),
+                reasons: refused
+                    .into_iter()
+                    .map(|(name, reason)| format!("{name}: {reason}"))
+                    .collect(),
+            }),
+            Err(error) => {
+                tracing::warn!(%error, "could not have PostgreSQL check the server parameters");
+                None
+            }
+        }
+    }
+
     /// Writes the files Castellan owns in the data directory for `role`.
     async fn write_config(
         &self,
@@ -529,7 +557,10 @@ struct Supervisor {
     fenced: bool,
     /// A former primary that must be rewound before it can follow.
     rejoin: bool,
+    /// The server parameters in force: only ones PostgreSQL accepted.
     parameters: BTreeMap<String, String>,
+    /// The last set asked for that PostgreSQL refused, and why.
+    refused_parameters: Option<crate::instance_api::RefusedParameters>,
     sync_names: String,
     /// Castellan's schema and roles were made on this primary since the process began.
     prepared: bool,
@@ -582,6 +613,7 @@ impl Supervisor {
             fenced: self.fenced,
             problem: self.problem.clone(),
             parameters: self.parameters.clone(),
+            refused_parameters: self.refused_parameters.clone(),
             restoring: self.restoring.clone(),
             verification: self.verification.clone(),
         });
@@ -657,6 +689,7 @@ impl Supervisor {
             let Some(role) = self.role.clone() else {
                 return;
             };
+            self.drop_refused_parameters().await;
             match self
                 .instance
                 .start(&role, &self.parameters, &self.sync_names)
@@ -1004,14 +1037,50 @@ impl Supervisor {
         })
     }
 
+    /// Before a start: a parameter PostgreSQL would refuse to start with (a pod made
+    /// while the spec held one) is left out, and reported, so that the server starts
+    /// rather than crash-looping.
+    async fn drop_refused_parameters(&mut self) {
+        let Some(refusal) = self.instance.vet_parameters(&self.parameters).await else {
+            return;
+        };
+        tracing::warn!(reasons = ?refusal.reasons, "starting without the server parameters PostgreSQL refuses");
+        self.parameters.retain(|name, _| {
+            !refusal.reasons.iter().any(|reason| {
+                reason.starts_with(&format!("{name}: ")) || reason.starts_with("(together)")
+            })
+        });
+        self.refused_parameters = Some(refusal);
+        self.publish();
+    }
+
     async fn reload(
         &mut self,
         parameters: Option<BTreeMap<String, String>>,
         sync_names: Option<String>,
         slots: Option<Vec<String>>,
     ) -> Result<ReloadResponse, String> {
+        // New parameters are written only once PostgreSQL has accepted them; refused,
+        // the last good ones stay in force and the refusal is reported.
         if let Some(p) = parameters {
-            self.parameters = p;
+            if p == self.parameters {
+                self.refused_parameters = None;
+            } else if self
+                .refused_parameters
+                .as_ref()
+                .is_none_or(|r| r.parameters != p)
+            {
+                match self.instance.vet_parameters(&p).await {
+                    None => {
+                        self.parameters = p;
+                        self.refused_parameters = None;
+                    }
+                    Some(refusal) => {
+                        tracing::warn!(reasons = ?refusal.reasons, "refused server parameters; the last good ones stay in force");
+                        self.refused_parameters = Some(refusal);
+                    }
+                }
+            }
         }
         if let Some(s) = sync_names {
             self.sync_names = s;
@@ -1185,6 +1254,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         fenced,
         rejoin: false,
         parameters,
+        refused_parameters: None,
         sync_names,
         prepared: false,
         not_before: Instant::now(),

@@ -29,6 +29,7 @@ use castellan_crds::DatabaseCluster;
 use serde_json::Value;
 
 use super::archiving::{archive_assessment, archiving_changed, wanted_archive};
+use super::parameters::{parameters_assessment, parameters_changed, refused};
 use super::primary::{fenced_instances, finish_promotion, primary_assessment, supervise_primary};
 use super::quorum::{quorum_standbys, synchronous_assessment, synchronous_changed};
 use super::restoring::{record_restore_changes, restore_assessment, restore_command};
@@ -167,7 +168,8 @@ impl StateMachine for ClusterMachine {
                 let primary_changed = before != roles(&state);
                 let synchronous = synchronous_changed(&mut state, &mut effects);
                 let archiving = archiving_changed(&mut state, &mut effects);
-                if synchronous || archiving || changed || primary_changed {
+                let parameters = parameters_changed(&mut state, &mut effects);
+                if synchronous || archiving || parameters || changed || primary_changed {
                     converge(&mut state, &mut effects);
                 }
                 plan_commands(&mut state, &mut effects);
@@ -319,6 +321,7 @@ pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect
         synchronous_condition: synchronous_assessment(state, &cluster),
         archive_condition: archive_assessment(state),
         restore_condition: restore_assessment(state),
+        parameters_condition: parameters_assessment(state),
         cluster,
     })));
 }
@@ -390,7 +393,9 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
         if busy(state, name) || planned.iter().any(|(n, _)| n == name) {
             continue;
         }
-        let parameters_differ = view.parameters.as_ref() != Some(wanted);
+        // An instance that refused exactly this set keeps its last good one: asking
+        // again would get the same answer.
+        let parameters_differ = view.parameters.as_ref() != Some(wanted) && !refused(view, wanted);
         // The archive setting goes along only to an instance that lacks it.
         let archive = wanted_archive(state)
             .filter(|a| view.archive.fingerprint.as_deref() != Some(a.fingerprint.as_str()))

@@ -21,6 +21,7 @@ mod failover;
 #[cfg(test)]
 mod fixtures;
 mod machine;
+mod parameters;
 pub mod pass;
 pub mod plan;
 mod primary;

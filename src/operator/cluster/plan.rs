@@ -187,6 +187,12 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             .clone()
             .map(|a| condition(cluster, "Restored", a, now)),
     )
+    .chain(
+        order
+            .parameters_condition
+            .clone()
+            .map(|a| condition(cluster, "ParametersValid", a, now)),
+    )
     .collect();
     let status = DatabaseClusterStatus {
         observed_generation: cluster.metadata.generation,
@@ -553,6 +559,7 @@ mod tests {
             synchronous_condition: None,
             archive_condition: None,
             restore_condition: None,
+            parameters_condition: None,
         }
     }
 

@@ -77,6 +77,8 @@ pub struct ConvergeOrder {
     pub archive_condition: Option<Assessment>,
     /// With `bootstrap.recovery`: whether the restore is done.
     pub restore_condition: Option<Assessment>,
+    /// Whether PostgreSQL takes `spec.parameters` on every instance.
+    pub parameters_condition: Option<Assessment>,
 }
 
 /// A condition's status, reason and message, decided by the machine.
@@ -271,6 +273,8 @@ pub struct ClusterState {
     pub archive: Option<Result<ArchiveConfig, String>>,
     /// Whether archiving was last found working.
     pub archiving_ok: Option<bool>,
+    /// Whether no instance refused the spec's parameters, when last found.
+    pub parameters_ok: Option<bool>,
     /// WAL waiting for the archive has reached a quarter of the primary's volume (one
     /// Warning per episode).
     pub wal_piling: bool,

@@ -56,6 +56,8 @@ pub struct InstanceView {
     pub parameters: Option<BTreeMap<String, String>>,
     /// Parameters whose new value waits for a restart.
     pub pending_restart: Vec<String>,
+    /// The last set of parameters it refused (PostgreSQL would not take them), and why.
+    pub refused_parameters: Option<crate::instance_api::RefusedParameters>,
     /// Why it could not be read, when it could not.
     pub error: Option<String>,
     /// What its WAL archiving has done.
@@ -85,6 +87,7 @@ impl Default for InstanceView {
             sync_names: String::new(),
             parameters: None,
             pending_restart: Vec::new(),
+            refused_parameters: None,
             error: None,
             archive: ArchiveReport::default(),
             restoring: None,
@@ -131,6 +134,7 @@ impl InstanceView {
             sync_names: server.synchronous_standby_names,
             parameters: Some(report.parameters),
             pending_restart: server.pending_restart,
+            refused_parameters: report.refused_parameters,
             error: report.error,
             archive: report.archive,
             restoring: report.restoring,
