@@ -34,7 +34,14 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     let logs: Vec<PathBuf> = operators.iter().map(|o| o.log.clone()).collect();
     let operator_log = || Operator::logs(&logs);
     let started = Instant::now();
-    apply_cluster(&ns, "shop", 2, &volumes.class, "");
+    // Every statement logged: the passwords Castellan sets must not be among them.
+    apply_cluster(
+        &ns,
+        "shop",
+        2,
+        &volumes.class,
+        "  parameters: {log_statement: all}\n",
+    );
 
     let diagnostics = || describe(&ns, &logs);
     wait_for(
@@ -78,6 +85,30 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     let nodes: Vec<&str> = nodes.split_whitespace().collect();
     assert_eq!(nodes.len(), 2);
     assert_ne!(nodes[0], nodes[1], "instances spread across nodes");
+
+    // Passwords reach PostgreSQL only as SCRAM verifiers, set with statement logging
+    // off: neither appears in a log that logs every statement.
+    let primary_log = kubectl_ok(&["logs", "shop-1", "-n", &ns]);
+    assert!(
+        primary_log.contains("statement: "),
+        "log_statement: all is in force, so the scan below means something"
+    );
+    for pod in ["shop-1", "shop-2"] {
+        let log = kubectl_ok(&["logs", pod, "-n", &ns]);
+        for (secret, key) in [
+            ("shop-superuser", "password"),
+            ("shop-replication", "password"),
+            ("shop-app", "password"),
+        ] {
+            let password = secret_value(&ns, secret, key);
+            assert!(!password.is_empty());
+            assert!(
+                !log.contains(&password),
+                "{secret}'s password in {pod}'s log"
+            );
+        }
+        assert!(!log.contains("SCRAM-SHA-256$"), "a verifier in {pod}'s log");
+    }
 
     // The application's credentials, ready to use.
     let secret = |key: &str| secret_value(&ns, "shop-app", key);

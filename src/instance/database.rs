@@ -23,6 +23,8 @@ pub enum DatabaseError {
     },
     #[error("applying Castellan's schema migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("the password of role {role}: {reason}")]
+    Password { role: String, reason: String },
 }
 
 fn query(what: &'static str) -> impl FnOnce(sqlx::Error) -> DatabaseError {
@@ -194,15 +196,20 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DatabaseError> {
     Ok(())
 }
 
-/// Creates (or updates the password of) a login role, without the password ever
-/// appearing in a statement text that could be logged: `format(%L)` quotes it inside
-/// the server.
+/// Creates (or updates the password of) a login role. The password never reaches the
+/// server: only its SCRAM verifier, computed here, goes into the statement, which runs
+/// with statement logging off for its transaction (a user's `log_statement: all` would
+/// otherwise keep even the verifier).
 pub async fn ensure_role(
     pool: &PgPool,
     name: &str,
     password: &str,
     attributes: &str,
 ) -> Result<(), DatabaseError> {
+    let verifier = super::scram::verifier(password).map_err(|reason| DatabaseError::Password {
+        role: name.to_owned(),
+        reason,
+    })?;
     let exists: bool =
         sqlx::query_scalar("select exists(select 1 from pg_roles where rolname = $1)")
             .bind(name)
@@ -210,17 +217,36 @@ pub async fn ensure_role(
             .await
             .map_err(query("looking up a role"))?;
     let verb = if exists { "alter" } else { "create" };
+    // Logging off first, in its own statement: PostgreSQL decides whether to log a
+    // query string (and a bound verifier) before it runs any of it. A failed
+    // transaction is rolled back when dropped.
+    let mut transaction = pool
+        .begin()
+        .await
+        .map_err(query("starting a transaction"))?;
+    sqlx::raw_sql(
+        "set local log_statement = 'none';
+         set local log_min_duration_statement = -1;
+         set local log_min_error_statement = 'panic'",
+    )
+    .execute(&mut *transaction)
+    .await
+    .map_err(query("turning statement logging off"))?;
     // `verb` and `attributes` are fixed strings chosen in this module, never input.
     let statement: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "select format('{verb} role %I with login {attributes} password %L', $1::text, $2::text)"
     )))
     .bind(name)
-    .bind(password)
-    .fetch_one(pool)
+    .bind(&verifier)
+    .fetch_one(&mut *transaction)
     .await
     .map_err(query("building a role statement"))?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
-        .execute(pool)
+        .execute(&mut *transaction)
+        .await
+        .map_err(query("creating a role"))?;
+    transaction
+        .commit()
         .await
         .map_err(query("creating a role"))?;
     Ok(())

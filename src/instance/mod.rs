@@ -29,6 +29,7 @@ mod config;
 mod database;
 mod postmaster;
 mod restore;
+mod scram;
 mod verify;
 
 use std::collections::BTreeMap;
