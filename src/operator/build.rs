@@ -9,11 +9,16 @@ use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::ReplicationMode;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, Probe, Secret,
-    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeResourceRequirements, WeightedPodAffinityTerm,
+    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
+    PodSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -52,16 +57,20 @@ pub struct Settings {
     /// `OTEL_*` variables passed on to the instance managers, so that their spans
     /// reach the same collector as the operator's.
     pub telemetry_env: Vec<(String, String)>,
+    /// The Secret whose key `headers` the instance managers' `OTEL_EXPORTER_OTLP_HEADERS`
+    /// is read from (headers can carry credentials: they are never copied in clear).
+    pub otlp_headers_secret: Option<String>,
 }
 
 /// The `OTEL_*` variables of this process that say where traces go and how they are
-/// batched; the instance managers get the same (but their own service name).
+/// batched; the instance managers get the same (but their own service name). Not
+/// `OTEL_EXPORTER_OTLP_HEADERS`, which can hold credentials: pods read theirs from a
+/// Secret (`Settings::otlp_headers_secret`).
 pub fn telemetry_env_from(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
-    const PASSED: [&str; 5] = [
+    const PASSED: [&str; 4] = [
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         "OTEL_EXPORTER_OTLP_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_HEADERS",
         "OTEL_BSP_SCHEDULE_DELAY",
     ];
     let mut passed: Vec<(String, String)> = vars
@@ -268,6 +277,53 @@ pub fn disruption_budgets(cluster: &DatabaseCluster) -> Vec<PodDisruptionBudget>
         budgets.push(budget("", "replica", replicas - 1));
     }
     budgets
+}
+
+/// The label the operator's pods carry (`deploy/operator/operator.yaml`, the Helm chart).
+pub const OPERATOR_POD_LABEL: (&str, &str) = ("app.kubernetes.io/name", "castellan-operator");
+
+/// Who may reach the cluster's pods: anyone on PostgreSQL's port (clients, and replicas
+/// streaming from the primary), anyone on the probe port (`/readyz`, `/healthz` only),
+/// and only the operator's pods, in any namespace, on the instance API (which also
+/// requires the operator's client certificate). Enforced where the network plugin
+/// enforces NetworkPolicies.
+pub fn network_policy(cluster: &DatabaseCluster) -> NetworkPolicy {
+    let port = |port: i32| NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".to_owned()),
+        ..NetworkPolicyPort::default()
+    };
+    NetworkPolicy {
+        metadata: metadata(cluster, name(cluster), labels(cluster, &[])),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(CLUSTER_LABEL.to_owned(), name(cluster))])),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".to_owned()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    ports: Some(vec![port(POSTGRES_PORT), port(INSTANCE_PROBE_PORT)]),
+                    ..NetworkPolicyIngressRule::default()
+                },
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        namespace_selector: Some(LabelSelector::default()),
+                        pod_selector: Some(LabelSelector {
+                            match_labels: Some(BTreeMap::from([(
+                                OPERATOR_POD_LABEL.0.to_owned(),
+                                OPERATOR_POD_LABEL.1.to_owned(),
+                            )])),
+                            ..LabelSelector::default()
+                        }),
+                        ..NetworkPolicyPeer::default()
+                    }]),
+                    ports: Some(vec![port(INSTANCE_API_PORT)]),
+                },
+            ]),
+            ..NetworkPolicySpec::default()
+        }),
+    }
 }
 
 /// The volume of instance `n`.
@@ -544,8 +600,32 @@ pub fn pod(
                     .iter()
                     .map(|(n, v)| env(n, v.as_str())),
             )
+            .chain(settings.otlp_headers_secret.as_ref().map(|secret| EnvVar {
+                name: "OTEL_EXPORTER_OTLP_HEADERS".to_owned(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: secret.clone(),
+                        key: "headers".to_owned(),
+                        optional: Some(true),
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            }))
             .collect(),
         ),
+        // Least privilege: no privilege escalation, no capabilities, nothing written
+        // outside the volume and /tmp.
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
         ports: Some(vec![
             ContainerPort {
                 name: Some("postgres".to_owned()),
@@ -586,6 +666,11 @@ pub fn pod(
             secret_mount("replication"),
             secret_mount("app"),
             secret_mount(INSTANCE_TLS),
+            VolumeMount {
+                name: "tmp".to_owned(),
+                mount_path: "/tmp".to_owned(),
+                ..VolumeMount::default()
+            },
         ]),
         ..Container::default()
     };
@@ -611,8 +696,14 @@ pub fn pod(
                 run_as_group: Some(settings.postgres_gid),
                 fs_group: Some(settings.postgres_gid),
                 run_as_non_root: Some(true),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    ..SeccompProfile::default()
+                }),
                 ..PodSecurityContext::default()
             }),
+            // The instance manager never calls the Kubernetes API.
+            automount_service_account_token: Some(false),
             affinity: Some(Affinity {
                 pod_anti_affinity: Some(PodAntiAffinity {
                     preferred_during_scheduling_ignored_during_execution: Some(vec![
@@ -642,6 +733,14 @@ pub fn pod(
                 secret_volume("replication"),
                 secret_volume("app"),
                 secret_volume(INSTANCE_TLS),
+                Volume {
+                    name: "tmp".to_owned(),
+                    empty_dir: Some(EmptyDirVolumeSource {
+                        size_limit: Some(Quantity("64Mi".to_owned())),
+                        ..EmptyDirVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
             ]),
             ..PodSpec::default()
         }),
@@ -724,7 +823,83 @@ mod tests {
                 "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
                 "http://collector:4318".to_owned(),
             )],
+            otlp_headers_secret: Some("otlp".to_owned()),
         }
+    }
+
+    #[test]
+    fn only_the_operator_reaches_the_instance_api() {
+        let policy = network_policy(&three_sync());
+        let spec = policy.spec.expect("spec");
+        let rules = spec.ingress.expect("ingress rules");
+        let open: Vec<i32> = rules
+            .iter()
+            .filter(|rule| rule.from.is_none())
+            .flat_map(|rule| rule.ports.iter().flatten())
+            .filter_map(|p| match p.port {
+                Some(IntOrString::Int(port)) => Some(port),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(open, vec![POSTGRES_PORT, INSTANCE_PROBE_PORT]);
+        let api = rules
+            .iter()
+            .find(|rule| rule.from.is_some())
+            .expect("the instance API's rule");
+        assert_eq!(
+            api.ports
+                .iter()
+                .flatten()
+                .map(|p| p.port.clone())
+                .collect::<Vec<_>>(),
+            vec![Some(IntOrString::Int(INSTANCE_API_PORT))]
+        );
+        let peer = &api.from.as_ref().expect("peers")[0];
+        assert_eq!(
+            peer.pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.as_ref())
+                .map(|l| l["app.kubernetes.io/name"].as_str()),
+            Some("castellan-operator")
+        );
+    }
+
+    #[test]
+    fn database_pods_run_with_least_privilege() {
+        let pod = pod(
+            &three_sync(),
+            1,
+            StartRole::Primary,
+            "10.0.0.1",
+            true,
+            &settings(),
+        );
+        let spec = pod.spec.expect("spec");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let pod_context = spec.security_context.expect("a pod security context");
+        assert_eq!(pod_context.run_as_non_root, Some(true));
+        assert_eq!(
+            pod_context.seccomp_profile.map(|p| p.type_).as_deref(),
+            Some("RuntimeDefault")
+        );
+        let container = &spec.containers[0];
+        let context = container
+            .security_context
+            .clone()
+            .expect("a container context");
+        assert_eq!(context.allow_privilege_escalation, Some(false));
+        assert_eq!(context.read_only_root_filesystem, Some(true));
+        assert_eq!(
+            context.capabilities.and_then(|c| c.drop),
+            Some(vec!["ALL".to_owned()])
+        );
+        let mounts: Vec<&str> = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert!(mounts.contains(&"/tmp"), "a writable /tmp: {mounts:?}");
     }
 
     #[test]
@@ -732,6 +907,7 @@ mod tests {
         let vars = [
             ("OTEL_SERVICE_NAME", "castellan-operator"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer s3cr3t"),
             ("HOME", "/root"),
             ("OTEL_BSP_SCHEDULE_DELAY", "500"),
         ]
@@ -760,6 +936,20 @@ mod tests {
             .expect("env");
         assert!(env.iter().any(|e| e.name == "OTEL_EXPORTER_OTLP_ENDPOINT"
             && e.value.as_deref() == Some("http://collector:4318")));
+        // Headers only by reference to a Secret, never a value.
+        let headers = env
+            .iter()
+            .find(|e| e.name == "OTEL_EXPORTER_OTLP_HEADERS")
+            .expect("the headers variable");
+        assert_eq!(headers.value, None);
+        assert_eq!(
+            headers
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+                .map(|s| (s.name.as_str(), s.key.as_str())),
+            Some(("otlp", "headers"))
+        );
     }
 
     #[test]

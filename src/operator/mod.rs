@@ -74,6 +74,12 @@ pub struct OperatorArgs {
     /// Manage only the clusters of this namespace (default: every namespace).
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// A Secret (in each cluster's namespace) whose key `headers` holds the
+    /// `OTEL_EXPORTER_OTLP_HEADERS` the instance managers export with, such as an
+    /// authorization token. Referenced from the pods, never copied into them; without
+    /// it they export without headers.
+    #[arg(long, env = "CASTELLAN_OTLP_HEADERS_SECRET")]
+    pub otlp_headers_secret: Option<String>,
     /// Honour the `castellan.io/inject-fault` annotation (tests of the supervision
     /// tree). Off in production.
     #[arg(long, env = "CASTELLAN_FAULT_INJECTION", default_value_t = false)]
@@ -121,6 +127,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             postgres_gid: args.postgres_gid,
             image_tag: args.image_tag.clone(),
             telemetry_env: build::telemetry_env_from(std::env::vars()),
+            otlp_headers_secret: args.otlp_headers_secret.clone(),
         },
         &identity,
         authority,

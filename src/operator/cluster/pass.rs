@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::DatabaseClusterStatus;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -216,6 +217,16 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 cluster,
             ))?;
     }
+
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &namespace);
+    let policy = build::network_policy(cluster);
+    policies
+        .patch(&name, &apply, &Patch::Apply(&policy))
+        .await
+        .map_err(kube_error(
+            format!("applying NetworkPolicy {name}"),
+            cluster,
+        ))?;
 
     let desired = desired_count(cluster);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
