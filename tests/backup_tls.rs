@@ -27,17 +27,34 @@ fn archiving_message(namespace: &str) -> String {
     )
 }
 
-/// `spec.backup` of `vault`: the TLS proxy, uncompressed base backups, and `ca` (flow
-/// YAML) as `endpointCA` when given.
-fn backup_spec(proxy: &s3::TlsProxy, ca: Option<&str>) -> String {
+/// `kubectl apply`s the one-instance cluster `vault` backing up through the TLS proxy,
+/// uncompressed, with Secret `ca` as its `endpointCA` when given.
+fn apply_vault(namespace: &str, class: &str, proxy: &s3::TlsProxy, ca: Option<&str>) {
     let env = s3::env();
     let ca = ca
-        .map(|ca| format!(", endpointCA: {ca}"))
+        .map(|ca| format!(", endpointCA: {{secretName: {ca}}}"))
         .unwrap_or_default();
-    format!(
-        "{{endpoint: \"{}\", bucket: {}, credentials: {{secretName: s3}}, compression: none{ca}}}",
+    let backup = format!(
+        "  backup: {{endpoint: \"{}\", bucket: {}, credentials: {{secretName: s3}}, compression: none{ca}}}\n",
         proxy.endpoint, env["S3_BUCKET"]
-    )
+    );
+    apply_cluster(namespace, "vault", 1, class, &backup);
+}
+
+/// Creates Secret `name` with `contents` under `ca.crt`.
+fn create_ca_secret(namespace: &str, name: &str, contents: &str) {
+    let file = std::env::temp_dir().join(format!("{namespace}-{name}.crt"));
+    std::fs::write(&file, contents).expect("writing the CA");
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        name,
+        "-n",
+        namespace,
+        &format!("--from-file=ca.crt={}", file.display()),
+    ]);
+    let _ = std::fs::remove_file(&file);
 }
 
 #[tokio::test]
@@ -54,13 +71,7 @@ async fn a_private_ca_endpoint_is_trusted_only_when_named_and_plain_backups_rest
     s3::create_secret(&ns);
 
     // Without the CA: the certificate is refused, and the condition says so.
-    apply_cluster(
-        &ns,
-        "vault",
-        1,
-        &volumes.class,
-        &format!("  backup: {}\n", backup_spec(&proxy, None)),
-    );
+    apply_vault(&ns, &volumes.class, &proxy, None);
     wait_for(
         "vault Ready",
         Duration::from_secs(120),
@@ -92,25 +103,8 @@ async fn a_private_ca_endpoint_is_trusted_only_when_named_and_plain_backups_rest
     );
 
     // A CA Secret without a certificate: named, with the reason.
-    kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        "s3-ca-wrong",
-        "-n",
-        &ns,
-        "--from-literal=ca.crt=this is no certificate",
-    ]);
-    apply_cluster(
-        &ns,
-        "vault",
-        1,
-        &volumes.class,
-        &format!(
-            "  backup: {}\n",
-            backup_spec(&proxy, Some("{secretName: s3-ca-wrong}"))
-        ),
-    );
+    create_ca_secret(&ns, "s3-ca-wrong", "this is no certificate");
+    apply_vault(&ns, &volumes.class, &proxy, Some("s3-ca-wrong"));
     wait_for(
         "the wrong CA Secret named in the condition",
         Duration::from_secs(60),
@@ -123,28 +117,8 @@ async fn a_private_ca_endpoint_is_trusted_only_when_named_and_plain_backups_rest
     );
 
     // The right CA: archiving resumes with the segment that failed.
-    let ca_file = std::env::temp_dir().join(format!("{ns}-ca.crt"));
-    std::fs::write(&ca_file, &proxy.ca_pem).expect("writing the CA");
-    kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        "s3-ca",
-        "-n",
-        &ns,
-        &format!("--from-file=ca.crt={}", ca_file.display()),
-    ]);
-    let _ = std::fs::remove_file(&ca_file);
-    apply_cluster(
-        &ns,
-        "vault",
-        1,
-        &volumes.class,
-        &format!(
-            "  backup: {}\n",
-            backup_spec(&proxy, Some("{secretName: s3-ca}"))
-        ),
-    );
+    create_ca_secret(&ns, "s3-ca", &proxy.ca_pem);
+    apply_vault(&ns, &volumes.class, &proxy, Some("s3-ca"));
     wait_for(
         "archiving over TLS with the cluster's CA",
         Duration::from_secs(90),

@@ -51,6 +51,21 @@ async fn setting(connection: &mut sqlx::PgConnection, name: &str) -> String {
         .unwrap_or_else(|e| panic!("show {name}: {e}"))
 }
 
+/// `kubectl patch`es `shop`'s `spec.parameters` to `parameters` (a JSON object).
+fn patch_parameters(namespace: &str, parameters: &str) {
+    kubectl_ok(&[
+        "patch",
+        "dbc",
+        "shop",
+        "-n",
+        namespace,
+        "--type",
+        "merge",
+        "-p",
+        &format!(r#"{{"spec":{{"parameters":{parameters}}}}}"#),
+    ]);
+}
+
 /// `work_mem` on each instance of `shop`, in the order of their pods' names.
 async fn work_mem_everywhere(namespace: &str) -> Vec<String> {
     let mut values = Vec::new();
@@ -215,17 +230,7 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
 
     // A reloadable and a restart-only parameter: the first by reload everywhere, the
     // second by a rolling restart, replicas first and the primary last.
-    kubectl_ok(&[
-        "patch",
-        "dbc",
-        "shop",
-        "-n",
-        &ns,
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"parameters":{"work_mem":"8MB","max_connections":"150"}}}"#,
-    ]);
+    patch_parameters(&ns, r#"{"work_mem":"8MB","max_connections":"150"}"#);
     let deadline = Instant::now() + Duration::from_secs(180);
     let mut started = Vec::new();
     'settled: loop {
@@ -282,17 +287,7 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
     // PostgreSQL's reason, and every instance keeps its last good configuration. (The
     // replica rebuilt below is made while the spec still holds it: it starts without
     // it rather than crash-looping.)
-    kubectl_ok(&[
-        "patch",
-        "dbc",
-        "shop",
-        "-n",
-        &ns,
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"parameters":{"work_mem":"banana","max_connections":"150"}}}"#,
-    ]);
+    patch_parameters(&ns, r#"{"work_mem":"banana","max_connections":"150"}"#);
     let parameters_condition = |field: &str| {
         jsonpath(
             "dbc",
@@ -343,17 +338,7 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
     assert_eq!(parameters_condition("status"), "False");
 
     // Corrected: taken everywhere, and the condition says so.
-    kubectl_ok(&[
-        "patch",
-        "dbc",
-        "shop",
-        "-n",
-        &ns,
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"parameters":{"work_mem":"16MB","max_connections":"150"}}}"#,
-    ]);
+    patch_parameters(&ns, r#"{"work_mem":"16MB","max_connections":"150"}"#);
     let deadline = Instant::now() + Duration::from_secs(60);
     while work_mem_everywhere(&ns).await != vec!["16MB", "16MB"] {
         assert!(

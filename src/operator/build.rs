@@ -814,6 +814,18 @@ mod tests {
         }))
     }
 
+    /// The first instance of `three_sync`, as a new cluster's primary.
+    fn first_pod() -> Pod {
+        pod(
+            &three_sync(),
+            1,
+            StartRole::Primary,
+            "10.0.0.1",
+            true,
+            &settings(),
+        )
+    }
+
     fn settings() -> Settings {
         Settings {
             postgres_uid: 101,
@@ -866,14 +878,7 @@ mod tests {
 
     #[test]
     fn database_pods_run_with_least_privilege() {
-        let pod = pod(
-            &three_sync(),
-            1,
-            StartRole::Primary,
-            "10.0.0.1",
-            true,
-            &settings(),
-        );
+        let pod = first_pod();
         let spec = pod.spec.expect("spec");
         assert_eq!(spec.automount_service_account_token, Some(false));
         let pod_context = spec.security_context.expect("a pod security context");
@@ -922,14 +927,7 @@ mod tests {
                 ),
             ]
         );
-        let pod = pod(
-            &three_sync(),
-            1,
-            StartRole::Primary,
-            "10.0.0.1",
-            true,
-            &settings(),
-        );
+        let pod = first_pod();
         let env = pod.spec.expect("spec").containers[0]
             .env
             .clone()
