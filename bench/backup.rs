@@ -184,6 +184,39 @@ async fn main() {
         );
     }
 
+    // The store's own ceiling: as many bytes uploaded from memory the way a backup
+    // uploads them (16 MiB parts, three in flight), with nothing read or compressed.
+    {
+        use object_store::{ObjectStoreExt, WriteMultipart};
+        let store = s3::store();
+        let location = object_store::path::Path::from(format!("{ns}/ceiling"));
+        let part = bytes::Bytes::from(vec![0x5a_u8; 16 << 20]);
+        let started = Instant::now();
+        let upload = store
+            .put_multipart(&location)
+            .await
+            .expect("starting the ceiling upload");
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, 16 << 20);
+        let mut sent = 0u64;
+        while sent < raw_bytes {
+            writer
+                .wait_for_capacity(3)
+                .await
+                .expect("uploading the ceiling");
+            writer.put(part.clone());
+            sent += part.len() as u64;
+        }
+        writer.finish().await.expect("finishing the ceiling upload");
+        let ceiling = rate(sent, started.elapsed());
+        println!(
+            "S3 store ceiling (multipart upload from memory): {:.0} MiB in {:.1}s, {ceiling:.0} MiB/s ({:.2} of raw)",
+            sent as f64 / MIB,
+            started.elapsed().as_secs_f64(),
+            ceiling / raw
+        );
+        let _ = store.delete(&location).await;
+    }
+
     let address = support::cluster::instance_addresses(&ns, "shop")
         .into_iter()
         .next()
