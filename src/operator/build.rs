@@ -9,8 +9,8 @@ use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::ReplicationMode;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
     PodSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext,
     Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
@@ -615,7 +615,9 @@ pub fn pod(
             .collect(),
         ),
         // Least privilege: no privilege escalation, no capabilities, nothing written
-        // outside the volume and /tmp.
+        // outside the volume (the instance manager and PostgreSQL need no /tmp; an
+        // emptyDir would also make `kubectl drain` refuse the pod without
+        // --delete-emptydir-data).
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -666,11 +668,6 @@ pub fn pod(
             secret_mount("replication"),
             secret_mount("app"),
             secret_mount(INSTANCE_TLS),
-            VolumeMount {
-                name: "tmp".to_owned(),
-                mount_path: "/tmp".to_owned(),
-                ..VolumeMount::default()
-            },
         ]),
         ..Container::default()
     };
@@ -733,14 +730,6 @@ pub fn pod(
                 secret_volume("replication"),
                 secret_volume("app"),
                 secret_volume(INSTANCE_TLS),
-                Volume {
-                    name: "tmp".to_owned(),
-                    empty_dir: Some(EmptyDirVolumeSource {
-                        size_limit: Some(Quantity("64Mi".to_owned())),
-                        ..EmptyDirVolumeSource::default()
-                    }),
-                    ..Volume::default()
-                },
             ]),
             ..PodSpec::default()
         }),
@@ -898,13 +887,10 @@ mod tests {
             context.capabilities.and_then(|c| c.drop),
             Some(vec!["ALL".to_owned()])
         );
-        let mounts: Vec<&str> = container
-            .volume_mounts
-            .iter()
-            .flatten()
-            .map(|m| m.mount_path.as_str())
-            .collect();
-        assert!(mounts.contains(&"/tmp"), "a writable /tmp: {mounts:?}");
+        assert!(
+            spec.volumes.iter().flatten().all(|v| v.empty_dir.is_none()),
+            "no emptyDir: kubectl drain takes the pod without --delete-emptydir-data"
+        );
     }
 
     #[test]
