@@ -995,15 +995,17 @@ async fn only_the_operator_may_call_the_instance_api() {
         "{refusals:#?}"
     );
 
-    // The operator: settings Castellan owns are refused, however they are spelt.
+    // The operator: settings Castellan owns are refused, however they are spelt, and
+    // so are names that are no setting names (a space would smuggle one in).
     let (code, refused) = replica.post(
         "/reload",
-        r#"{"parameters": {"work_mem": "8MB", " Archive_Command ": "touch /tmp/castellan-pwned"}}"#,
+        r#"{"parameters": {"work_mem": "8MB", "Archive_Command": "touch /tmp/castellan-pwned", " restore_command ": "touch /tmp/castellan-pwned"}}"#,
     );
     assert_eq!(code, 400, "{refused}");
     let message = refused["error"].as_str().unwrap_or_default();
     assert!(
-        message.contains("Archive_Command") && message.contains("managed by Castellan"),
+        message.contains("parameter Archive_Command is managed by Castellan")
+            && message.contains("parameter \" restore_command \" is not a PostgreSQL setting name"),
         "{refused}"
     );
     let (_, status) = replica.get("/status");
