@@ -415,6 +415,26 @@ async fn take(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // Every segment from the start on must be there too: a standby's backup starts at
+    // the last checkpoint it replayed, whose segments may have been completed (and let
+    // go) before archiving was switched on. Such a copy would never restore.
+    let begin_lsn = Lsn::parse(&begin).ok_or_else(|| {
+        BackupError::Refused(format!(
+            "pg_backup_start returned an unreadable LSN {begin}"
+        ))
+    })?;
+    for segment in segments_between(label.timeline, begin_lsn, stop_lsn, segment_size) {
+        let key = wal_key(prefix, &system_id, &segment);
+        match store.head(&ObjectPath::from(key.as_str())).await {
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BackupError::Refused(format!(
+                    "WAL segment {segment}, which the backup starts in, is not in the archive: it was completed before archiving was on (or lost from the bucket), so this copy could never be restored; take the backup again once the cluster has archived a checkpoint"
+                )));
+            }
+            Err(source) => return Err(store_error("checking the archive for", &key)(source)),
+        }
+    }
 
     let mut manifest = backups
         .report(id)
@@ -864,9 +884,38 @@ pub fn segment_name(timeline: u32, lsn: Lsn, segment_size: u64) -> String {
     )
 }
 
+/// The WAL segments from the one holding `begin` to the one holding `end`, both
+/// included, on `timeline`.
+pub fn segments_between(timeline: u32, begin: Lsn, end: Lsn, segment_size: u64) -> Vec<String> {
+    let first = begin.0 / segment_size;
+    let last = end.0 / segment_size;
+    (first..=last)
+        .map(|segment| segment_name(timeline, Lsn(segment * segment_size), segment_size))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backup_needs_every_segment_from_its_start_to_its_end() {
+        let mb16 = 16 * 1024 * 1024;
+        let lsn = |text: &str| Lsn::parse(text).expect("test value");
+        assert_eq!(
+            segments_between(1, lsn("0/30000D8"), lsn("0/5000950"), mb16),
+            vec![
+                "000000010000000000000003",
+                "000000010000000000000004",
+                "000000010000000000000005"
+            ]
+        );
+        // Across a log file boundary.
+        assert_eq!(
+            segments_between(2, lsn("0/FF000028"), lsn("1/00000100"), mb16),
+            vec!["0000000200000000000000FF", "000000020000000100000000"]
+        );
+    }
 
     #[test]
     fn segment_names_match_pg_walfile_name() {
