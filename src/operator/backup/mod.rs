@@ -126,16 +126,13 @@ async fn reconcile_traced(backup: &Backup, context: &Context) -> Result<Action, 
     if phase == Some(machine::COMPLETED) {
         return Ok(verify::verify(&context.shared, backup, cluster.as_ref()).await);
     }
-    let target = match &cluster {
-        Some(cluster) if cluster.spec.backup.is_some() => {
-            archive_setting(client, cluster).await.map(|c| c.target)
-        }
-        _ => Ok(None),
-    };
     let now = now();
+    // The object store's setting (its Secrets read) only where it is used: to start
+    // the backup, and to look for a manifest; not on every poll of a running one.
     let decision = if phase == Some(machine::RUNNING) {
-        follow(client, backup, cluster.as_ref(), target, &now).await
+        follow(client, backup, cluster.as_ref(), &now).await
     } else {
+        let target = target_of(client, cluster.as_ref()).await;
         begin(client, backup, cluster.as_ref(), target, &now).await
     };
     write_status(client, backup, &decision.status).await?;
@@ -221,21 +218,36 @@ fn wait(status: &BackupStatus, why: String) -> Decision {
     }
 }
 
+/// The object store `cluster` backs up to, with its credentials; `None` without a
+/// cluster or without `spec.backup`.
+async fn target_of(
+    client: &Client,
+    cluster: Option<&DatabaseCluster>,
+) -> Result<Option<ArchiveTarget>, String> {
+    match cluster {
+        Some(cluster) if cluster.spec.backup.is_some() => {
+            archive_setting(client, cluster).await.map(|c| c.target)
+        }
+        _ => Ok(None),
+    }
+}
+
 /// A running backup: ask its instance, and act on the answer.
 async fn follow(
     client: &Client,
     backup: &Backup,
     cluster: Option<&DatabaseCluster>,
-    target: Result<Option<ArchiveTarget>, String>,
     now: &str,
 ) -> Decision {
     let status = backup.status.clone().unwrap_or_default();
     let instance = status.instance.clone().unwrap_or_default();
     let id = status.backup_id.clone().unwrap_or_default();
-    let target = target.ok().flatten();
+    let bucket = cluster
+        .and_then(|c| c.spec.backup.as_ref())
+        .map(|b| b.bucket.clone());
     let location = |report: &BackupReport| {
-        let (target, key) = (target.as_ref()?, report.key.as_ref()?);
-        Some(format!("s3://{}/{key}/", target.bucket))
+        let (bucket, key) = (bucket.as_ref()?, report.key.as_ref()?);
+        Some(format!("s3://{bucket}/{key}/"))
     };
     let observed = observe(client, cluster, &instance, &id).await;
     let report = match &observed {
@@ -251,6 +263,7 @@ async fn follow(
             decision
         }
         Act::CheckManifest => {
+            let target = target_of(client, cluster).await.ok().flatten();
             let manifest = match (&target, &status.system_identifier) {
                 (Some(target), Some(system_id)) => manifest(target, system_id, &id).await,
                 _ => None,
