@@ -6,8 +6,6 @@ use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::BackupTarget;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 
 use crate::instance_api::{ArchiveConfig, ArchiveTarget};
 
@@ -57,8 +55,8 @@ pub async fn target(
         Some(ca) => {
             let secret = read_secret(&secrets, namespace, &ca.secret_name, "endpointCA").await?;
             let pem = text(&secret, &ca.key)?;
-            check_ca_bundle(&pem)
-                .map_err(|e| format!("Secret {}'s key {}: {e}", ca.secret_name, ca.key))?;
+            let what = format!("Secret {}'s key {}", ca.secret_name, ca.key);
+            crate::pki::certificates(pem.as_bytes(), &what).map_err(|e| e.to_string())?;
             Some(pem)
         }
     };
@@ -102,22 +100,6 @@ fn text(secret: &Secret, key: &str) -> Result<String, String> {
         .map_err(|_| format!("Secret {name}'s key {key} is not UTF-8 text"))
 }
 
-/// Refuses a CA bundle without a single readable PEM certificate, which the S3 client
-/// would otherwise take as "no extra roots" and fail later with an unknown issuer.
-pub fn check_ca_bundle(pem: &str) -> Result<(), String> {
-    let mut count = 0;
-    for certificate in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-        let der = certificate.map_err(|e| format!("not PEM certificates: {e}"))?;
-        x509_parser::parse_x509_certificate(&der)
-            .map_err(|e| format!("certificate {} cannot be read: {e}", count + 1))?;
-        count += 1;
-    }
-    if count == 0 {
-        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".to_owned());
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,20 +113,6 @@ mod tests {
                      "storage": {"size": "1Gi"}}
         }))
         .expect("a cluster")
-    }
-
-    #[test]
-    fn a_ca_bundle_must_hold_readable_certificates() {
-        let authority =
-            crate::pki::Authority::generate(std::time::SystemTime::now()).expect("a CA");
-        let pem = authority.cert_pem().to_owned();
-        assert_eq!(check_ca_bundle(&pem), Ok(()));
-        assert_eq!(check_ca_bundle(&format!("{pem}\n{pem}")), Ok(()));
-        let empty = check_ca_bundle("just text").expect_err("no certificate");
-        assert!(empty.contains("holds no PEM certificate"), "{empty}");
-        let broken = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-        let unreadable = check_ca_bundle(broken).expect_err("not a certificate");
-        assert!(unreadable.contains("cannot be read"), "{unreadable}");
     }
 
     #[test]

@@ -153,6 +153,31 @@ fn first_certificate(pem: &[u8], what: &str) -> Result<CertificateDer<'static>, 
         })
 }
 
+/// Every certificate of a PEM bundle (a CA bundle a user brings), each read as X.509;
+/// an error when one cannot be read or there is none, which a TLS client would
+/// otherwise take as "no extra roots" and fail later with an unknown issuer.
+pub fn certificates(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> {
+    let mut found = Vec::new();
+    for certificate in CertificateDer::pem_slice_iter(pem) {
+        let der = certificate.map_err(|e| PkiError::Pem {
+            what: what.to_owned(),
+            reason: format!("not PEM certificates: {e}"),
+        })?;
+        parse(&der, what).map_err(|e| PkiError::Certificate {
+            what: what.to_owned(),
+            reason: format!("certificate {} cannot be read: {e}", found.len() + 1),
+        })?;
+        found.push(der);
+    }
+    if found.is_empty() {
+        return Err(PkiError::Pem {
+            what: what.to_owned(),
+            reason: "it holds no PEM certificate (-----BEGIN CERTIFICATE-----)".to_owned(),
+        });
+    }
+    Ok(found)
+}
+
 fn parse<'a>(
     der: &'a CertificateDer<'_>,
     what: &str,
@@ -375,6 +400,20 @@ mod tests {
 
     fn now() -> SystemTime {
         SystemTime::now()
+    }
+
+    #[test]
+    fn a_ca_bundle_must_hold_readable_certificates() {
+        let authority = Authority::generate(now()).expect("a CA");
+        let pem = authority.cert_pem().to_owned();
+        let read = |text: &str| certificates(text.as_bytes(), "the bundle").map(|c| c.len());
+        assert_eq!(read(&pem).ok(), Some(1));
+        assert_eq!(read(&format!("{pem}\n{pem}")).ok(), Some(2));
+        let empty = read("just text").expect_err("no certificate").to_string();
+        assert!(empty.contains("holds no PEM certificate"), "{empty}");
+        let broken = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let unreadable = read(broken).expect_err("not a certificate").to_string();
+        assert!(unreadable.contains("cannot be read"), "{unreadable}");
     }
 
     fn eku(der: &CertificateDer<'_>) -> (bool, bool) {
