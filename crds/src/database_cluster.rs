@@ -1,11 +1,13 @@
 //! `DatabaseCluster`: a replicated database (PostgreSQL first) that Castellan runs.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::core::{Message, Reason, Rule};
 use kube::{CustomResource, KubeSchema};
+use regex::Regex;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +83,24 @@ pub const RESERVED_POSTGRESQL_PARAMETER_PREFIXES: [&str; 7] = [
 /// the role replicas stream with (Castellan's own), and PostgreSQL's reserved `pg_*`.
 pub const RESERVED_ROLES: [&str; 2] = ["postgres", "streaming_replica"];
 
+/// `items` as the elements of a CEL list of strings: `'a', 'b'`.
+fn cel_list(items: &[&str]) -> String {
+    items
+        .iter()
+        .map(|item| format!("'{item}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The CEL rule of `bootstrap.initdb.owner`, from [`RESERVED_ROLES`].
+fn owner_rule() -> Rule {
+    Rule::new(format!(
+        "!(self in [{}]) && !self.startsWith('pg_')",
+        cel_list(&RESERVED_ROLES)
+    ))
+    .message("bootstrap.initdb.owner cannot be one of the roles PostgreSQL and Castellan keep for themselves: the superuser 'postgres', the replication role 'streaming_replica', or a pg_ role")
+}
+
 /// Whether `name` (case-insensitive, as PostgreSQL reads it) is a setting Castellan
 /// owns.
 pub fn is_reserved_parameter(name: &str) -> bool {
@@ -99,19 +119,10 @@ pub const PARAMETER_NAME_PATTERN: &str = "^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A
 /// no setting name (a space or a line break would inject other settings), a value that
 /// would break the file (line breaks, NUL), or a setting Castellan owns.
 pub fn parameter_problem(name: &str, value: &str) -> Option<String> {
-    let identifier = |part: &str| {
-        part.bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-    };
-    let mut parts = name.split('.');
-    let well_formed = match (parts.next(), parts.next(), parts.next()) {
-        (Some(first), None, None) => identifier(first),
-        (Some(first), Some(second), None) => identifier(first) && identifier(second),
-        _ => false,
-    };
-    if !well_formed {
+    // The same pattern admission's CEL rule matches with.
+    static NAME: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(PARAMETER_NAME_PATTERN).expect("a valid pattern"));
+    if !NAME.is_match(name) {
         return Some(format!(
             "parameter {name:?} is not a PostgreSQL setting name (letters, digits and '_', with one '.' for an extension's setting)"
         ));
@@ -135,18 +146,11 @@ pub fn parameter_problem(name: &str, value: &str) -> Option<String> {
 /// length) is estimated at over 100 times the API server's cost budget. (The value
 /// rule sits on each value, so the error's path names the parameter.)
 fn parameter_rules() -> [Rule; 2] {
-    let quoted = |items: &[&str]| {
-        items
-            .iter()
-            .map(|item| format!("'{item}'"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     let name_ok = format!("k.matches('{PARAMETER_NAME_PATTERN}')");
     let owned = format!(
         "(k.lowerAscii() in [{}] || [{}].exists(p, k.lowerAscii().startsWith(p)))",
-        quoted(&RESERVED_POSTGRESQL_PARAMETERS),
-        quoted(&RESERVED_POSTGRESQL_PARAMETER_PREFIXES)
+        cel_list(&RESERVED_POSTGRESQL_PARAMETERS),
+        cel_list(&RESERVED_POSTGRESQL_PARAMETER_PREFIXES)
     );
     [
         Rule::new(format!("self.all(k, {name_ok})")).message(
@@ -398,7 +402,7 @@ pub struct Initdb {
     #[schemars(length(max = 63))]
     #[x_kube(
         validation = Rule::new("self.matches('^[a-z_][a-z0-9_]*$')").message("bootstrap.initdb.owner must start with a lowercase letter or '_' and hold only lowercase letters, digits and '_'"),
-        validation = Rule::new("!(self in ['postgres', 'streaming_replica']) && !self.startsWith('pg_')").message("bootstrap.initdb.owner cannot be one of the roles PostgreSQL and Castellan keep for themselves: the superuser 'postgres', the replication role 'streaming_replica', or a pg_ role"),
+        validation = owner_rule(),
     )]
     pub owner: String,
 }
