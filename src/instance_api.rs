@@ -358,14 +358,18 @@ impl ArchiveReport {
     }
 }
 
+/// The key of [`RefusedParameters::reasons`] for a set refused as a whole.
+pub const TOGETHER: &str = "(together)";
+
 /// A set of server parameters an instance would not write, and why.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RefusedParameters {
     /// The whole set asked for.
     pub parameters: BTreeMap<String, String>,
-    /// One line per refused parameter: `work_mem: invalid value for parameter …`.
-    pub reasons: Vec<String>,
+    /// PostgreSQL's reason for each refused parameter (`work_mem` → `invalid value
+    /// for parameter …`); [`TOGETHER`] when each is good alone but the set is not.
+    pub reasons: BTreeMap<String, String>,
 }
 
 /// `POST /backup`: take base backup `id` of this instance's data to `target`.

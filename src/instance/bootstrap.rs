@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use tokio::process::Command;
 
 use super::config::{self, REPLICATION_USER, Role, Upstream};
+use crate::instance_api::TOGETHER;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
@@ -123,31 +124,29 @@ pub async fn write_private(path: &Path, contents: &str) -> Result<(), BootstrapE
 /// reads the configuration with them on its command line and fails as a start would
 /// (an unknown setting, a value of the wrong type, out of range, not in the enum, or
 /// one that cannot be changed), in about 30 ms, whether the server runs or not. Returns
-/// one reason per refused parameter, in PostgreSQL's words; empty when all are good.
+/// PostgreSQL's reason for each refused parameter; empty when all are good.
 pub async fn refused_parameters(
     binaries: &Binaries,
     data_dir: &Path,
     parameters: &BTreeMap<String, String>,
-) -> Result<Vec<(String, String)>, BootstrapError> {
-    if parameters.is_empty()
-        || check(binaries, data_dir, parameters.iter())
-            .await?
-            .is_none()
-    {
-        return Ok(Vec::new());
+) -> Result<BTreeMap<String, String>, BootstrapError> {
+    if parameters.is_empty() {
+        return Ok(BTreeMap::new());
     }
-    let mut refused = Vec::new();
+    // All at once first (the usual case: all good, one run); one at a time only to
+    // name the culprits.
+    let Some(together) = check(binaries, data_dir, parameters.iter()).await? else {
+        return Ok(BTreeMap::new());
+    };
+    let mut refused = BTreeMap::new();
     for (name, value) in parameters {
         if let Some(reason) = check(binaries, data_dir, [(name, value)]).await? {
-            refused.push((name.clone(), reason));
+            refused.insert(name.clone(), reason);
         }
     }
     if refused.is_empty() {
         // Each is good alone; together they are not (or the files are not).
-        let reason = check(binaries, data_dir, parameters.iter())
-            .await?
-            .unwrap_or_default();
-        refused.push(("(together)".to_owned(), reason));
+        refused.insert(TOGETHER.to_owned(), together);
     }
     Ok(refused)
 }

@@ -430,12 +430,9 @@ impl Instance {
         }
         match bootstrap::refused_parameters(&self.binaries, &self.args.data_dir, parameters).await {
             Ok(refused) if refused.is_empty() => None,
-            Ok(refused) => Some(crate::instance_api::RefusedParameters {
+            Ok(reasons) => Some(crate::instance_api::RefusedParameters {
                 parameters: parameters.clone(),
-                reasons: refused
-                    .into_iter()
-                    .map(|(name, reason)| format!("{name}: {reason}"))
-                    .collect(),
+                reasons,
             }),
             Err(error) => {
                 tracing::warn!(%error, "could not have PostgreSQL check the server parameters");
@@ -1046,11 +1043,12 @@ impl Supervisor {
             return;
         };
         tracing::warn!(reasons = ?refusal.reasons, "starting without the server parameters PostgreSQL refuses");
-        self.parameters.retain(|name, _| {
-            !refusal.reasons.iter().any(|reason| {
-                reason.starts_with(&format!("{name}: ")) || reason.starts_with("(together)")
-            })
-        });
+        if refusal.reasons.contains_key(crate::instance_api::TOGETHER) {
+            self.parameters.clear();
+        } else {
+            self.parameters
+                .retain(|name, _| !refusal.reasons.contains_key(name));
+        }
         self.refused_parameters = Some(refusal);
         self.publish();
     }

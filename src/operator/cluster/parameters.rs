@@ -27,9 +27,10 @@ pub fn parameters_assessment(state: &ClusterState) -> Option<Assessment> {
             continue;
         }
         refusing.push(name);
-        for reason in view.refused_parameters.iter().flat_map(|r| &r.reasons) {
-            if !reasons.contains(reason) {
-                reasons.push(reason.clone());
+        for (parameter, reason) in view.refused_parameters.iter().flat_map(|r| &r.reasons) {
+            let reason = format!("{parameter}: {reason}");
+            if !reasons.contains(&reason) {
+                reasons.push(reason);
             }
         }
     }
@@ -77,7 +78,11 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-            reasons: vec![reason.to_owned()],
+            reasons: reason
+                .split_once(": ")
+                .map(|(parameter, why)| (parameter.to_owned(), why.to_owned()))
+                .into_iter()
+                .collect(),
         });
         view
     }
