@@ -45,6 +45,8 @@ const PARTS_IN_FLIGHT: usize = 3;
 
 /// How long a finished copy waits for the WAL that makes it consistent.
 const WAL_WAIT: Duration = Duration::from_secs(600);
+/// How long an earlier segment may still be on its way once the last one is archived.
+const IN_FLIGHT: Duration = Duration::from_secs(30);
 
 /// Finished backups remembered for the operator's questions.
 const REMEMBERED: usize = 16;
@@ -397,42 +399,41 @@ async fn take(
             .await
             .map_err(|e| BackupError::Refused(format!("after the backup: {e}")))?;
     }
-    let wal = ObjectPath::from(wal_key(prefix, &system_id, &end_wal).as_str());
-    let deadline = tokio::time::Instant::now() + WAL_WAIT;
-    loop {
-        match store.head(&wal).await {
-            Ok(_) => break,
-            Err(object_store::Error::NotFound { .. }) => {}
-            Err(error) => {
-                tracing::warn!(backup = %id, %error, "checking the archive for the backup's last WAL segment")
-            }
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(BackupError::Refused(format!(
-                "WAL segment {end_wal}, which the backup needs to be consistent, was not archived within {}s; see the cluster's ContinuousArchiving condition",
-                WAL_WAIT.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    // Every segment from the start on must be there too: a standby's backup starts at
-    // the last checkpoint it replayed, whose segments may have been completed (and let
-    // go) before archiving was switched on. Such a copy would never restore.
+    // Every segment from the start to the stop point must be archived for the copy to
+    // restore. The last one arrives once the primary switches; the earlier ones are
+    // there already, or at most seconds away (uploaded side by side with the last).
+    // One still missing then was completed before archiving was switched on (a
+    // standby's backup starts at the last checkpoint it replayed), and never comes.
     let begin_lsn = Lsn::parse(&begin).ok_or_else(|| {
         BackupError::Refused(format!(
             "pg_backup_start returned an unreadable LSN {begin}"
         ))
     })?;
-    for segment in segments_between(label.timeline, begin_lsn, stop_lsn, segment_size) {
-        let key = wal_key(prefix, &system_id, &segment);
-        match store.head(&ObjectPath::from(key.as_str())).await {
-            Ok(_) => {}
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(BackupError::Refused(format!(
-                    "WAL segment {segment}, which the backup starts in, is not in the archive: it was completed before archiving was on (or lost from the bucket), so this copy could never be restored; take the backup again once the cluster has archived a checkpoint"
-                )));
-            }
-            Err(source) => return Err(store_error("checking the archive for", &key)(source)),
+    let mut segments = segments_between(label.timeline, begin_lsn, stop_lsn, segment_size);
+    let last = segments.pop().unwrap_or_else(|| end_wal.clone());
+    if !archived(
+        store.as_ref(),
+        &wal_key(prefix, &system_id, &last),
+        WAL_WAIT,
+    )
+    .await
+    {
+        return Err(BackupError::Refused(format!(
+            "WAL segment {last}, which the backup needs to be consistent, was not archived within {}s; see the cluster's ContinuousArchiving condition",
+            WAL_WAIT.as_secs()
+        )));
+    }
+    for segment in segments {
+        if !archived(
+            store.as_ref(),
+            &wal_key(prefix, &system_id, &segment),
+            IN_FLIGHT,
+        )
+        .await
+        {
+            return Err(BackupError::Refused(format!(
+                "WAL segment {segment}, which the backup needs, is not in the archive: it was completed before archiving was on (or lost from the bucket), so this copy could never be restored; take the backup again once the cluster has archived a checkpoint"
+            )));
         }
     }
 
@@ -882,6 +883,24 @@ pub fn segment_name(timeline: u32, lsn: Lsn, segment_size: u64) -> String {
         segment / segments_per_id,
         segment % segments_per_id
     )
+}
+
+/// Whether `key` is in the store within `patience` (asked every second; an error
+/// asking is logged and asked again).
+async fn archived(store: &dyn ObjectStore, key: &str, patience: Duration) -> bool {
+    let location = ObjectPath::from(key);
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match store.head(&location).await {
+            Ok(_) => return true,
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(error) => tracing::warn!(%key, %error, "checking the archive for a WAL segment"),
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// The WAL segments from the one holding `begin` to the one holding `end`, both
