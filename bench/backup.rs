@@ -97,23 +97,7 @@ async fn main() {
     let operator = Operator::start(&ns, OPERATOR);
     let logs = vec![operator.log.clone()];
     let diagnostics = || describe(&ns, &logs);
-    s3::create_secret(&ns);
-    apply_cluster(
-        &ns,
-        "shop",
-        1,
-        &volumes.class,
-        &format!("  backup: {}\n", s3::backup_target(None, "")),
-    );
-    wait_for(
-        "the cluster Ready with archiving",
-        Duration::from_secs(120),
-        || {
-            phase_and_ready(&ns, "shop") == "Ready/1"
-                && condition(&ns, "shop", "ContinuousArchiving") == "True/Archiving"
-        },
-        diagnostics,
-    );
+    s3::archiving_cluster(&ns, "shop", 1, &volumes.class, "", diagnostics);
     let mut connection = try_superuser(&ns, "shop", "shop-1")
         .await
         .unwrap_or_else(|e| panic!("{e}"));

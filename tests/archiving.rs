@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, describe, events, jsonpath, phase_and_ready, wait_for,
+    LocalVolumes, Operator, describe, events, jsonpath, phase_and_ready, wait_for,
 };
 use support::faults::volume_path;
 use support::{TestNamespace, client, kubectl_ok, s3};
@@ -102,23 +102,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
     let logs: Vec<PathBuf> = operator.iter().map(|o| o.log.clone()).collect();
     let diagnostics = || describe(&ns, &logs);
 
-    s3::create_secret(&ns);
-    apply_cluster(
-        &ns,
-        CLUSTER,
-        2,
-        &volumes.class,
-        &format!("  backup: {}\n", s3::backup_target(None, "")),
-    );
-    wait_for(
-        "Ready/2 with archiving",
-        Duration::from_secs(120),
-        || {
-            phase_and_ready(&ns, CLUSTER) == "Ready/2"
-                && condition(&ns, "ContinuousArchiving") == "True/Archiving"
-        },
-        diagnostics,
-    );
+    s3::archiving_cluster(&ns, CLUSTER, 2, &volumes.class, "", diagnostics);
 
     // A completed segment appears under <namespace>/<cluster>/<system id>/wals/, whole.
     let first = primary(&ns);

@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, apply_manifest, condition, describe, events, jsonpath,
-    phase_and_ready, try_superuser, wait_for,
+    LocalVolumes, Operator, apply_manifest, describe, events, jsonpath, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -57,24 +56,12 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
         diagnostics,
     );
 
-    s3::create_secret(&ns);
-    apply_cluster(
+    s3::archiving_cluster(
         &ns,
         CLUSTER,
         2,
         &volumes.class,
-        &format!(
-            "  backup: {}\n",
-            s3::backup_target(None, "retention: {keepLast: 1}")
-        ),
-    );
-    wait_for(
-        "Ready/2 with archiving",
-        Duration::from_secs(120),
-        || {
-            phase_and_ready(&ns, CLUSTER) == "Ready/2"
-                && condition(&ns, CLUSTER, "ContinuousArchiving") == "True/Archiving"
-        },
+        "retention: {keepLast: 1}",
         diagnostics,
     );
     let primary = jsonpath("dbc", CLUSTER, &ns, "{.status.currentPrimary}");

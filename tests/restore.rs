@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, apply_manifest, condition, describe, events, jsonpath,
-    phase_and_ready, try_superuser, wait_for,
+    LocalVolumes, Operator, apply_manifest, condition, describe, events, jsonpath, phase_and_ready,
+    try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -74,23 +74,7 @@ async fn clusters_are_restored_to_a_point_in_time_and_from_a_bare_location() {
     let logs: Vec<PathBuf> = vec![operator.log.clone()];
     let diagnostics = || describe(&ns, &logs);
 
-    s3::create_secret(&ns);
-    apply_cluster(
-        &ns,
-        "shop",
-        1,
-        &volumes.class,
-        &format!("  backup: {}\n", s3::backup_target(None, "")),
-    );
-    wait_for(
-        "the source cluster Ready with archiving",
-        Duration::from_secs(120),
-        || {
-            phase_and_ready(&ns, "shop") == "Ready/1"
-                && condition(&ns, "shop", "ContinuousArchiving") == "True/Archiving"
-        },
-        diagnostics,
-    );
+    s3::archiving_cluster(&ns, "shop", 1, &volumes.class, "", diagnostics);
     let mut source = superuser(&ns, "shop").await;
     sqlx::query("create table orders (id bigserial primary key, batch text, at timestamptz default clock_timestamp())")
         .execute(&mut source)

@@ -1,8 +1,8 @@
 //! Restoring a base backup into an empty data directory: its manifest is read first
 //! (only a completed backup has one, and it says how the tar is compressed), then the
 //! tar is streamed from the object store and unpacked as it arrives, with no copy of
-//! the archive on disk. The WAL replay that follows is PostgreSQL's, with `restore_command` reading the source
-//! cluster's archive (`archive::Archive::read_from`).
+//! the archive on disk. The WAL replay that follows is PostgreSQL's, with
+//! `restore_command` reading the source cluster's archive (`archive::Archive::read_from`).
 
 use std::io::Read;
 use std::path::Path;

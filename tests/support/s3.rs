@@ -234,3 +234,34 @@ impl Drop for TlsProxy {
         }
     }
 }
+
+/// Creates Secret `s3` in `namespace` (`create_secret`) and cluster `name`
+/// (`replicas` instances on `class`) archiving to the local server, with `extra` in
+/// its `spec.backup`; waits until it is Ready with WAL archiving working.
+pub fn archiving_cluster(
+    namespace: &str,
+    name: &str,
+    replicas: u32,
+    class: &str,
+    extra: &str,
+    diagnostics: impl Fn() -> String,
+) {
+    use super::cluster::{apply_cluster, condition, phase_and_ready, wait_for};
+    create_secret(namespace);
+    apply_cluster(
+        namespace,
+        name,
+        replicas,
+        class,
+        &format!("  backup: {}\n", backup_target(None, extra)),
+    );
+    wait_for(
+        &format!("{name} Ready/{replicas} with archiving"),
+        std::time::Duration::from_secs(120),
+        || {
+            phase_and_ready(namespace, name) == format!("Ready/{replicas}")
+                && condition(namespace, name, "ContinuousArchiving") == "True/Archiving"
+        },
+        diagnostics,
+    );
+}
