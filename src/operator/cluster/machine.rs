@@ -309,12 +309,14 @@ pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect
                 from: f.from.clone(),
                 target: f.target.clone(),
                 switchover: false,
+                lease_withheld: f.withholds_lease(),
             })
             .or_else(|| {
                 state.switchover.as_ref().map(|s| FailoverStatus {
                     from: s.from.clone(),
                     target: Some(s.to.clone()),
                     switchover: true,
+                    lease_withheld: true,
                 })
             }),
         primary_condition: primary_assessment(state),

@@ -271,13 +271,14 @@ fn initialized(order: &ConvergeOrder) -> bool {
 }
 
 /// -rw follows the primary's label: only the primary has it, and nobody while a
-/// failover replaces it (the old primary leaves -rw at once).
+/// failover replaces it (the old primary leaves -rw as soon as its lease is withheld).
 fn relabels(order: &ConvergeOrder, observed: &Observed, primary: u32) -> Vec<(String, StartRole)> {
     observed
         .pods
         .iter()
         .filter_map(|(n, pod)| {
-            let wanted = if *n == primary && order.failover.is_none() {
+            let replaced = order.failover.as_ref().is_some_and(|f| f.lease_withheld);
+            let wanted = if *n == primary && !replaced {
                 StartRole::Primary
             } else {
                 StartRole::Replica
@@ -616,6 +617,7 @@ mod tests {
             from: "db-1".into(),
             target: Some("db-2".into()),
             switchover,
+            lease_withheld: true,
         })
     }
 
@@ -741,6 +743,13 @@ mod tests {
         let plan = plan(&order, &observed);
         assert_eq!(plan.relabel, [("db-1".to_owned(), StartRole::Replica)]);
         assert_eq!(plan.status.target_primary.as_deref(), Some("db-2"));
+        // One that no replica could carry out yet leaves the primary its label.
+        order.failover = Some(FailoverStatus {
+            target: None,
+            lease_withheld: false,
+            ..failover(false).expect("test value")
+        });
+        assert!(super::plan(&order, &observed).relabel.is_empty());
     }
 
     #[test]

@@ -117,7 +117,8 @@ pub(super) fn supervise_primary(
             {
                 start_switchover(state, effects, &cluster, now);
             }
-            let renew = state.failover.is_none()
+            // A failover that no replica could carry out yet leaves the lease alone.
+            let renew = state.failover.as_ref().is_none_or(|f| !f.withholds_lease())
                 && state.switchover.is_none()
                 && view.problem.is_none()
                 && view.role != Some(RunningRole::Replica);
@@ -192,8 +193,9 @@ pub(super) fn supervise_primary(
         effects.push(ClusterEffect::Record(Note::warning(
             "FailingOver",
             format!(
-                "the primary {primary} has not served for {:.1}s: {reason}; it no longer \
-                 gets the lease, and a replica is promoted once its lease has ended",
+                "the primary {primary} has not served for {:.1}s: {reason}; once a replica \
+                 can replace it, it no longer gets the lease, and the replica is promoted \
+                 when the lease has ended",
                 waited.as_secs_f64()
             ),
         )));
@@ -222,28 +224,32 @@ pub(super) fn promote_when_safe(
     if failover.target.is_some() {
         return;
     }
-    let began = state.began.unwrap_or(now);
-    let choice = match failover::leases_may_run(now, state.leased_until, began) {
-        Some(until) => Err(Waiting::ForLease(format!(
-            "waiting {:.1}s more for the lease of {} to end, so that it has stopped taking \
-             writes before another instance is promoted",
-            until.duration_since(now).unwrap_or_default().as_secs_f64(),
-            failover.from
-        ))),
-        None => {
-            let candidates: Vec<&InstanceView> = state
-                .views
-                .iter()
-                .filter(|(name, _)| **name != failover.from && state.members.contains_key(*name))
-                .map(|(_, view)| view)
-                .collect();
-            match failover::choose(
-                &candidates,
-                state.quorum.as_ref(),
-                durability_required(cluster),
-            ) {
-                Choice::Promote { instance, lsn } => Ok((instance, lsn)),
-                Choice::Wait(reason) => Err(Waiting::ForCandidate(reason)),
+    // Candidates first: while none could replace the primary, it keeps its lease
+    // (withholding it would only stop a primary that may be merely slow, and make the
+    // outage certain). Once one could, the lease is withheld, and the choice is made
+    // again when the lease has ended and the positions can no longer move.
+    let candidates: Vec<&InstanceView> = state
+        .views
+        .iter()
+        .filter(|(name, _)| **name != failover.from && state.members.contains_key(*name))
+        .map(|(_, view)| view)
+        .collect();
+    let choice = match failover::choose(
+        &candidates,
+        state.quorum.as_ref(),
+        durability_required(cluster),
+    ) {
+        Choice::Wait(reason) => Err(Waiting::ForCandidate(reason)),
+        Choice::Promote { instance, lsn } => {
+            let began = state.began.unwrap_or(now);
+            match failover::leases_may_run(now, state.leased_until, began) {
+                Some(until) => Err(Waiting::ForLease(format!(
+                    "waiting {:.1}s more for the lease of {} to end, so that it has stopped \
+                     taking writes before another instance is promoted",
+                    until.duration_since(now).unwrap_or_default().as_secs_f64(),
+                    failover.from
+                ))),
+                None => Ok((instance, lsn)),
             }
         }
     };
@@ -823,6 +829,43 @@ mod tests {
                 .iter()
                 .any(|(_, c)| *c == Command::Demote)
         );
+    }
+
+    #[test]
+    fn a_primary_no_replica_could_replace_keeps_its_lease_until_one_could() {
+        let state = settled(cluster(2, false, &[]), 2);
+        let starting = |seconds| InstanceView {
+            at: at(seconds),
+            ready: false,
+            error: Some("the database system is starting up".into()),
+            ..primary_view(&[], "")
+        };
+        let (state, _) = step(state, ClusterEvent::Observed(unreachable("db-2", 1)));
+        let (state, effects) = step(state, ClusterEvent::Observed(starting(1)));
+        assert_eq!(grants(&effects).len(), 1, "not yet a failover");
+        // Past the delay: a failover, blocked, and the primary keeps its lease (it
+        // may be merely slow; stopping it would make the outage certain).
+        let (state, effects) = step(state, ClusterEvent::Observed(starting(7)));
+        assert_eq!(notes(&effects), vec!["FailingOver", "FailoverBlocked"]);
+        let (state, effects) = step(state, ClusterEvent::Observed(starting(8)));
+        assert_eq!(grants(&effects).len(), 1, "{effects:?}");
+        assert_eq!(state.leased_until, Some(at(8) + LEASE_DURATION));
+        // A replica that could replace it: the lease is withheld from now on, and the
+        // replica is promoted once the last grant has ended.
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 9, "0/5000000")),
+        );
+        assert!(commands(&effects).is_empty());
+        let blocked = state.failover.as_ref().and_then(|f| f.blocked.clone());
+        assert!(matches!(blocked, Some(Waiting::ForLease(_))), "{blocked:?}");
+        let (state, effects) = step(state, ClusterEvent::Observed(starting(10)));
+        assert!(grants(&effects).is_empty());
+        let (_, effects) = step(
+            state,
+            ClusterEvent::Observed(at_lsn(view("db-2", &[]), 13, "0/5000000")),
+        );
+        assert!(matches!(commands(&effects)[..], [(_, Command::Promote(_))]));
     }
 
     #[test]

@@ -136,6 +136,9 @@ pub struct FailoverStatus {
     pub target: Option<String>,
     /// A switchover rather than a failover.
     pub switchover: bool,
+    /// The old primary no longer gets the lease: it is on its way out. A failover
+    /// that no replica could carry out yet leaves it the lease (and `-rw`).
+    pub lease_withheld: bool,
 }
 
 /// A failover in progress.
@@ -149,6 +152,15 @@ pub struct Failover {
     pub target: Option<String>,
     /// Why nothing can be promoted yet.
     pub blocked: Option<Waiting>,
+}
+
+impl Failover {
+    /// Whether the old primary's lease is withheld: from the first moment a replica
+    /// could replace it. Until then it keeps it: it may be merely slow, and stopping
+    /// it would make the outage certain.
+    pub fn withholds_lease(&self) -> bool {
+        !matches!(self.blocked, Some(Waiting::ForCandidate(_)))
+    }
 }
 
 /// Why a failover has not promoted anyone yet.
