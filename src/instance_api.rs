@@ -382,6 +382,18 @@ pub struct BackupRequest {
     pub target: ArchiveTarget,
     #[serde(default)]
     pub compression: Compression,
+    /// On a replica: the primary's checkpoint record (`POST /checkpoint`) to replay
+    /// before starting, so that the backup begins at it rather than at an older
+    /// restartpoint, whose WAL may predate archiving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_checkpoint: Option<String>,
+}
+
+/// `POST /checkpoint`'s and `POST /switch-wal`'s answer: where the checkpoint record
+/// the primary wrote is, or where the closed segment ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LsnResponse {
+    pub lsn: String,
 }
 
 /// `POST /restore`: fill this instance's empty volume from base backup `backup_id` of

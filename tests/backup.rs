@@ -4,6 +4,9 @@
 //! sizes and WAL/LSN bounds, and sets the cluster's `lastBackup`; a backup survives an
 //! operator restart in the middle; a backup whose instance restarts in the middle is
 //! `Failed`, never `Completed`; a Backup of a missing cluster waits and says why.
+//! Archiving is switched on after the data is written, as a user adding backups to a
+//! running cluster does: the first backup must still be complete and restorable (a
+//! replica's last restartpoint predates archiving, so it begins at a fresh checkpoint).
 
 mod support;
 
@@ -13,7 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_manifest, describe, events, jsonpath, try_superuser, wait_for,
+    LocalVolumes, Operator, apply_cluster, apply_manifest, describe, events, jsonpath,
+    phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -32,6 +36,18 @@ fn apply_backup(namespace: &str, name: &str, cluster: &str) {
             "apiVersion: castellan.io/v1alpha1\nkind: Backup\nmetadata: {{name: {name}}}\nspec: {{cluster: {cluster}}}\n"
         ),
     );
+}
+
+/// The 16 MiB segments from `first` to `last`, both included, on one timeline.
+fn segments(first: &str, last: &str) -> Vec<String> {
+    let number = |name: &str| {
+        let log = u64::from_str_radix(&name[8..16], 16).expect("a WAL file name");
+        let segment = u64::from_str_radix(&name[16..24], 16).expect("a WAL file name");
+        log * 0x100 + segment
+    };
+    (number(first)..=number(last))
+        .map(|n| format!("{}{:08X}{:08X}", &first[..8], n / 0x100, n % 0x100))
+        .collect()
 }
 
 #[tokio::test]
@@ -56,12 +72,11 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
         diagnostics,
     );
 
-    s3::archiving_cluster(
-        &ns,
-        CLUSTER,
-        2,
-        &volumes.class,
-        "retention: {keepLast: 1}",
+    apply_cluster(&ns, CLUSTER, 2, &volumes.class, "");
+    wait_for(
+        "the cluster Ready/2",
+        Duration::from_secs(120),
+        || phase_and_ready(&ns, CLUSTER) == "Ready/2",
         diagnostics,
     );
     let primary = jsonpath("dbc", CLUSTER, &ns, "{.status.currentPrimary}");
@@ -84,6 +99,9 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
         .fetch_one(&mut connection)
         .await
         .expect("the system identifier");
+    // Archiving begins here: the replica's last restartpoint, at the checkpoint the
+    // cluster was made with, is older than the ~10 segments of filler, never archived.
+    s3::switch_archiving_on(&ns, CLUSTER, 2, "retention: {keepLast: 1}", diagnostics);
 
     // Writes go on during the backups.
     let stop = Arc::new(AtomicBool::new(false));
@@ -168,13 +186,20 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
             && stored.contains(&format!("{key}/backup.json")),
         "the data and its manifest are stored: {stored:?}"
     );
-    let end_wal = backup_status(&ns, "first", "endWal");
-    let folder = format!("{ns}/{CLUSTER}/{system_id}/wals/{}", &end_wal[..16]);
-    let wal = format!("{folder}/{end_wal}.zst");
-    assert!(
-        s3::keys(&folder).await.contains(&wal),
-        "the WAL that makes the backup consistent is archived: {wal}"
+    // Every segment from the beginning to the end is archived, the first one included,
+    // though archiving was switched on only just before.
+    let (begin_wal, end_wal) = (
+        backup_status(&ns, "first", "beginWal"),
+        backup_status(&ns, "first", "endWal"),
     );
+    let archived = s3::keys(&format!("{ns}/{CLUSTER}/{system_id}/wals")).await;
+    for wal in segments(&begin_wal, &end_wal) {
+        let key = format!("{ns}/{CLUSTER}/{system_id}/wals/{}/{wal}.zst", &wal[..16]);
+        assert!(
+            archived.contains(&key),
+            "{wal}, which the backup needs ({begin_wal}..{end_wal}), is archived: {archived:?}"
+        );
+    }
     assert!(!events(&ns, "BackupCompleted").is_empty());
     wait_for(
         "the cluster's lastBackup",

@@ -10,7 +10,9 @@
 //! - `POST /backup` (`BackupRequest`): start a base backup in the background;
 //!   `GET /backup/{id}`: its `BackupReport` (404 once the manager no longer knows it);
 //!   `POST /switch-wal`: on a primary, close the current WAL segment so that it is
-//!   archived (a replica's backup waits for it).
+//!   archived (a replica's backup waits for it); `POST /checkpoint`: on a primary,
+//!   run a checkpoint and answer where its record is, which a replica's backup
+//!   then starts from (both answer an `LsnResponse`).
 //!
 //! It is served over TLS that requires the operator's client certificate ([`serve`],
 //! configured by `crate::pki::tls`): the handshake refuses every other caller, so no
@@ -36,8 +38,8 @@ use tracing::Instrument;
 
 use super::{Request, Shared, database};
 use crate::instance_api::{
-    BackupRequest, FenceRequest, LeaseRequest, LeaseResponse, PromoteRequest, ReloadRequest,
-    RestoreRequest, RunningRole, StatusReport,
+    BackupRequest, FenceRequest, LeaseRequest, LeaseResponse, LsnResponse, PromoteRequest,
+    ReloadRequest, RestoreRequest, RunningRole, StatusReport,
 };
 
 type Response = (StatusCode, Json<Value>);
@@ -61,6 +63,7 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, shared
         .route("/backup", post(backup))
         .route("/backup/{id}", get(backup_report))
         .route("/switch-wal", post(switch_wal))
+        .route("/checkpoint", post(checkpoint))
         .route("/restore", post(restore))
         .layer(axum::middleware::from_fn(traced))
         .with_state(shared);
@@ -255,14 +258,37 @@ async fn restore(
 }
 
 async fn switch_wal(State(shared): State<Arc<Shared>>) -> Response {
+    on_primary(
+        &shared,
+        "switches WAL segments",
+        database::switch_wal(&shared.pool),
+    )
+    .await
+}
+
+async fn checkpoint(State(shared): State<Arc<Shared>>) -> Response {
+    on_primary(
+        &shared,
+        "is asked for a checkpoint",
+        database::checkpoint(&shared.pool),
+    )
+    .await
+}
+
+/// Runs `work` on a primary (refused elsewhere); answers `{"lsn": …}` with its result.
+async fn on_primary(
+    shared: &Shared,
+    only: &str,
+    work: impl Future<Output = Result<String, database::DatabaseError>>,
+) -> Response {
     if shared.published.borrow().role != Some(RunningRole::Primary) {
         return (
             StatusCode::CONFLICT,
-            Json(json!({"error": "only a primary switches WAL segments"})),
+            Json(json!({"error": format!("only a primary {only}")})),
         );
     }
-    match database::switch_wal(&shared.pool).await {
-        Ok(lsn) => (StatusCode::OK, Json(json!({"lsn": lsn}))),
+    match work.await {
+        Ok(lsn) => (StatusCode::OK, Json(json!(LsnResponse { lsn }))),
         Err(error) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Json(json!({"error": error.to_string()})),

@@ -2,7 +2,8 @@
 //! the object store, with no copy on the local disk.
 //!
 //! A backup uses PostgreSQL's non-exclusive low-level API on one connection:
-//! `pg_backup_start` (a fast checkpoint, or restartpoint on a standby), the files read
+//! `pg_backup_start` (a fast checkpoint; on a standby a restartpoint, once it has
+//! replayed a checkpoint the operator asked the primary for), the files read
 //! while the server runs (torn pages are repaired by the full-page images in the WAL
 //! replayed on restore), then `pg_backup_stop`, whose `backup_label` goes into the tar
 //! last. It runs on a replica as well as on the primary, so the operator takes it from a
@@ -47,6 +48,8 @@ const PARTS_IN_FLIGHT: usize = 3;
 const WAL_WAIT: Duration = Duration::from_secs(600);
 /// How long an earlier segment may still be on its way once the last one is archived.
 const IN_FLIGHT: Duration = Duration::from_secs(30);
+/// How long a replica may take to replay the primary's checkpoint before its backup.
+const REPLAY_WAIT: Duration = Duration::from_secs(120);
 
 /// Finished backups remembered for the operator's questions.
 const REMEMBERED: usize = 16;
@@ -317,6 +320,12 @@ async fn take(
             source,
         })?
         .detach();
+    // On a replica the backup begins at its last restartpoint, which replays only the
+    // primary's checkpoints: once it has replayed the one the operator asked for, the
+    // backup begins there, after archiving was switched on.
+    if let Some(checkpoint) = request.after_checkpoint.as_deref().filter(|_| standby) {
+        replay_past(&backups.pool, checkpoint).await?;
+    }
     let begin: String = sqlx::query_scalar("SELECT pg_backup_start($1, true)::text")
         .bind(format!("castellan {id}"))
         .fetch_one(&mut connection)
@@ -900,6 +909,26 @@ async fn archived(store: &dyn ObjectStore, key: &str, patience: Duration) -> boo
             return false;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Waits until this replica has replayed past `lsn`, for up to [`REPLAY_WAIT`].
+async fn replay_past(pool: &PgPool, lsn: &str) -> Result<(), BackupError> {
+    let deadline = tokio::time::Instant::now() + REPLAY_WAIT;
+    loop {
+        let replayed = super::database::replayed_past(pool, lsn)
+            .await
+            .map_err(|e| BackupError::Refused(format!("before the backup: {e}")))?;
+        if replayed {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(BackupError::Refused(format!(
+                "this replica did not replay the primary's checkpoint at {lsn} within {} s",
+                REPLAY_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

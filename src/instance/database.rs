@@ -331,6 +331,28 @@ pub async fn switch_wal(pool: &PgPool) -> Result<String, DatabaseError> {
         .map_err(query("switching to the next WAL segment"))
 }
 
+/// Runs a checkpoint; returns where its record is (a later one's, if another checkpoint
+/// ran meanwhile: replaying that one includes this one).
+pub async fn checkpoint(pool: &PgPool) -> Result<String, DatabaseError> {
+    sqlx::query("checkpoint")
+        .execute(pool)
+        .await
+        .map_err(query("running a checkpoint"))?;
+    sqlx::query_scalar("select checkpoint_lsn::text from pg_control_checkpoint()")
+        .fetch_one(pool)
+        .await
+        .map_err(query("reading the checkpoint's position"))
+}
+
+/// Whether a replica has replayed past `lsn`.
+pub async fn replayed_past(pool: &PgPool, lsn: &str) -> Result<bool, DatabaseError> {
+    sqlx::query_scalar("select coalesce(pg_last_wal_replay_lsn() > $1::pg_lsn, false)")
+        .bind(lsn)
+        .fetch_one(pool)
+        .await
+        .map_err(query("comparing the replay position"))
+}
+
 /// Makes the server re-read its configuration files.
 pub async fn reload(pool: &PgPool) -> Result<(), DatabaseError> {
     sqlx::query("select pg_reload_conf()")

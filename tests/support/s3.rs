@@ -246,15 +246,48 @@ pub fn archiving_cluster(
     extra: &str,
     diagnostics: impl Fn() -> String,
 ) {
-    use super::cluster::{apply_cluster, condition, phase_and_ready, wait_for};
     create_secret(namespace);
-    apply_cluster(
+    super::cluster::apply_cluster(
         namespace,
         name,
         replicas,
         class,
         &format!("  backup: {}\n", backup_target(None, extra)),
     );
+    wait_until_archiving(namespace, name, replicas, diagnostics);
+}
+
+/// Creates Secret `s3` in `namespace` and switches WAL archiving to the local server
+/// on for the existing cluster `name` (`kubectl patch`), with `extra` in its
+/// `spec.backup`; waits until it is Ready with WAL archiving working.
+pub fn switch_archiving_on(
+    namespace: &str,
+    name: &str,
+    replicas: u32,
+    extra: &str,
+    diagnostics: impl Fn() -> String,
+) {
+    create_secret(namespace);
+    super::kubectl_ok(&[
+        "patch",
+        "dbc",
+        name,
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        &format!("spec: {{backup: {}}}", backup_target(None, extra)),
+    ]);
+    wait_until_archiving(namespace, name, replicas, diagnostics);
+}
+
+fn wait_until_archiving(
+    namespace: &str,
+    name: &str,
+    replicas: u32,
+    diagnostics: impl Fn() -> String,
+) {
+    use super::cluster::{condition, phase_and_ready, wait_for};
     wait_for(
         &format!("{name} Ready/{replicas} with archiving"),
         std::time::Duration::from_secs(120),

@@ -46,10 +46,13 @@ pub enum Observed {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Act {
     Nothing,
-    /// Ask `instance` to start backup `id`.
+    /// Ask `instance` to start backup `id`; from a replica, after asking the primary
+    /// for a checkpoint for it to begin at (the replica's last restartpoint may be
+    /// older than archiving, whose WAL was never archived).
     Start {
         instance: String,
         id: String,
+        checkpoint_first: bool,
     },
     /// Ask the primary to close its WAL segment, so the replica's backup completes.
     SwitchWal,
@@ -203,6 +206,7 @@ pub fn start(backup: &Backup, cluster: Option<&DatabaseCluster>, now: &str) -> D
         act: Act::Start {
             instance: chosen.instance.clone(),
             id,
+            checkpoint_first: chosen.from_standby,
         },
         requeue: Some(POLL),
         event: Some((
@@ -444,13 +448,14 @@ mod tests {
     }
 
     #[test]
-    fn a_new_backup_starts_on_the_replica_with_least_lag() {
+    fn a_new_backup_starts_on_the_replica_with_least_lag_after_a_primary_checkpoint() {
         let decision = start(&backup(json!({})), Some(&cluster("True", three())), NOW);
         assert_eq!(
             decision.act,
             Act::Start {
                 instance: "db-3".into(),
-                id: "nightly-1-0a1b2c3d".into()
+                id: "nightly-1-0a1b2c3d".into(),
+                checkpoint_first: true,
             }
         );
         assert_eq!(decision.status.phase.as_deref(), Some(RUNNING));
@@ -470,7 +475,8 @@ mod tests {
             decision.act,
             Act::Start {
                 instance: "db-1".into(),
-                id: "nightly-1-0a1b2c3d".into()
+                id: "nightly-1-0a1b2c3d".into(),
+                checkpoint_first: false,
             }
         );
         let none = json!([{"name": "db-1", "role": "primary", "ready": false}]);

@@ -27,7 +27,7 @@ use super::cluster::Note;
 use super::context::Shared;
 use super::instance_client::{self, InstanceApiError};
 use super::object_store::archive_setting;
-use crate::instance_api::{ArchiveTarget, BackupReport, BackupRequest};
+use crate::instance_api::{ArchiveTarget, BackupReport, BackupRequest, LsnResponse};
 use machine::{Act, Decision, Observed};
 
 /// The field manager of what this controller writes.
@@ -35,6 +35,9 @@ const MANAGER: &str = "castellan-backups";
 
 /// A pod of a running backup that has not been ready for this long is taken as gone.
 const NOT_READY_LIMIT: Duration = Duration::from_secs(120);
+/// How long the primary may take over the checkpoint a replica's backup begins at
+/// (it writes every dirty buffer out at once).
+const CHECKPOINT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -169,7 +172,12 @@ async fn begin(
     now: &str,
 ) -> Decision {
     let decision = machine::start(backup, cluster, now);
-    let Act::Start { instance, id } = &decision.act else {
+    let Act::Start {
+        instance,
+        id,
+        checkpoint_first,
+    } = &decision.act
+    else {
         return decision;
     };
     let status = backup.status.clone().unwrap_or_default();
@@ -191,10 +199,19 @@ async fn begin(
         .as_ref()
         .and_then(|backup| backup.compression)
         .unwrap_or_default();
+    let after_checkpoint = if *checkpoint_first {
+        match checkpoint(client, cluster).await {
+            Ok(lsn) => Some(lsn),
+            Err(error) => return wait(&status, error),
+        }
+    } else {
+        None
+    };
     let request = BackupRequest {
         id: id.clone(),
         target,
         compression,
+        after_checkpoint,
     };
     let body = serde_json::to_value(&request).unwrap_or_default();
     match instance_client::call("POST", &address, "/backup", Some(&body)).await {
@@ -345,6 +362,23 @@ async fn address(
         .ok_or_else(|| format!("pod {instance} does not exist"))?;
     instance_client::pod_address(cluster, &pod)
         .ok_or_else(|| format!("pod {instance} has no IP address"))
+}
+
+/// Asks the primary for a checkpoint for a replica's backup to begin at; answers where
+/// its record is.
+async fn checkpoint(client: &Client, cluster: &DatabaseCluster) -> Result<String, String> {
+    let primary = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.current_primary.clone())
+        .ok_or("the cluster has no primary to ask for a checkpoint")?;
+    let address = address(client, cluster, &primary).await?;
+    let answer = instance_client::call_within("POST", &address, "/checkpoint", None, CHECKPOINT)
+        .await
+        .map_err(|e| format!("asking the primary {primary} for a checkpoint: {e}"))?;
+    serde_json::from_value::<LsnResponse>(answer)
+        .map(|answer| answer.lsn)
+        .map_err(|e| format!("reading the primary {primary}'s checkpoint position: {e}"))
 }
 
 /// Asks the primary to close its WAL segment. A failure is only logged: the segment
