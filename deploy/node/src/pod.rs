@@ -33,6 +33,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// A container that ran this long before exiting restarts without back-off.
 const BACKOFF_RESET: Duration = Duration::from_secs(600);
 const RETRY_INTERVAL: Duration = Duration::from_secs(2);
+/// How often `secret` and `configMap` volumes are compared with their objects.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// What the node sends a pod's worker: the newest Pod object, and when to stop (with
@@ -398,7 +400,19 @@ impl Worker {
             .iter()
             .enumerate()
             .map(|(index, container)| self.supervise(Slot::Main(index), container, &volumes));
-        futures::future::join_all(runs).await;
+        // Secret and ConfigMap volumes follow their objects while the containers run.
+        let refresh = async {
+            while !self.sleep_or_stop(REFRESH_INTERVAL).await {
+                if let Err(error) = volume::refresh(&self.env_context(None), &self.pod_dir).await {
+                    tracing::info!(pod = volume::describe(&self.pod), "{error:#}");
+                }
+            }
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            _ = futures::future::join_all(runs) => {}
+            () = refresh => {}
+        }
     }
 
     fn env_context<'a>(&'a self, image: Option<&'a images::Image>) -> EnvContext<'a> {

@@ -6,8 +6,12 @@
 //! `hostPath.path`) are used in place. Containers see them at their `mountPath` through
 //! bind mounts in a private mount namespace (see `sandbox.rs`).
 //!
-//! Contents are written once, when the pod starts: later changes to a ConfigMap or
-//! Secret are not propagated, and tokens are not refreshed (they last an hour or more).
+//! Contents are written when the pod starts. As the kubelet does, `secret` and
+//! `configMap` volumes then follow their object ([`refresh`], every few seconds where
+//! the kubelet takes up to a minute): a changed or added key's file is replaced by a
+//! rename, so a reader sees the old or the new contents, never half (a removed key's
+//! file stays, where the kubelet would remove it). `projected` and `downwardAPI`
+//! volumes are not refreshed, nor tokens (they last an hour or more).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -40,12 +44,7 @@ pub fn pod_dir(state_dir: &Path, pod_uid: &str) -> PathBuf {
 pub async fn prepare(context: &EnvContext<'_>, pod_dir: &Path) -> anyhow::Result<VolumePaths> {
     let pod = context.pod;
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let fs_group = pod
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.security_context.as_ref())
-        .and_then(|security| security.fs_group)
-        .and_then(|group| u32::try_from(group).ok());
+    let fs_group = fs_group(pod);
     let mut paths = VolumePaths::new();
     for volume in pod
         .spec
@@ -58,6 +57,15 @@ pub async fn prepare(context: &EnvContext<'_>, pod_dir: &Path) -> anyhow::Result
         paths.insert(volume.name.clone(), path);
     }
     Ok(paths)
+}
+
+/// The pod's `fsGroup`, which owns the files the node writes into its volumes.
+fn fs_group(pod: &Pod) -> Option<u32> {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.security_context.as_ref())
+        .and_then(|security| security.fs_group)
+        .and_then(|group| u32::try_from(group).ok())
 }
 
 async fn prepare_one(
@@ -96,6 +104,44 @@ async fn prepare_one(
         return Ok(path);
     }
     // The rest are written as files in a fresh directory.
+    let (files, default_mode) = volume_files(context, namespace, volume).await?;
+    write_files(&dir, &files, default_mode.unwrap_or(0o644))?;
+    give_to_group(&dir, fs_group)?;
+    Ok(dir)
+}
+
+/// Rewrites the files of the pod's `secret` and `configMap` volumes whose object
+/// changed since they were written.
+pub async fn refresh(context: &EnvContext<'_>, pod_dir: &Path) -> anyhow::Result<()> {
+    let pod = context.pod;
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let fs_group = fs_group(pod);
+    let followed = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.volumes.iter().flatten())
+        .filter(|volume| volume.secret.is_some() || volume.config_map.is_some());
+    for volume in followed {
+        let dir = pod_dir.join("volumes").join(&volume.name);
+        let (files, default_mode) = volume_files(context, namespace, volume)
+            .await
+            .with_context(|| format!("refreshing volume {:?}", volume.name))?;
+        if write_files(&dir, &files, default_mode.unwrap_or(0o644))? {
+            give_to_group(&dir, fs_group)?;
+            tracing::info!(pod = describe(pod), volume = %volume.name, "volume updated");
+        }
+    }
+    Ok(())
+}
+
+/// The files of a `configMap`, `secret`, `downwardAPI` or `projected` volume, and its
+/// default mode.
+async fn volume_files(
+    context: &EnvContext<'_>,
+    namespace: &str,
+    volume: &Volume,
+) -> anyhow::Result<(Vec<VolumeFile>, Option<i32>)> {
+    let client = context.client;
     let mut files: Vec<VolumeFile> = Vec::new();
     let default_mode;
     if let Some(source) = &volume.config_map {
@@ -177,9 +223,7 @@ async fn prepare_one(
     } else {
         bail!("volume type not supported by castellan-devnode");
     }
-    write_files(&dir, &files, default_mode.unwrap_or(0o644))?;
-    give_to_group(&dir, fs_group)?;
-    Ok(dir)
+    Ok((files, default_mode))
 }
 
 /// `fsGroup` on files the node wrote (Secret, ConfigMap, downward API, projected): the
@@ -365,22 +409,36 @@ async fn service_account_token(
         })
 }
 
-fn write_files(dir: &Path, files: &[VolumeFile], default_mode: i32) -> anyhow::Result<()> {
+/// Writes the files that are missing or differ, each through a temporary file and a
+/// rename; true if any was written.
+fn write_files(dir: &Path, files: &[VolumeFile], default_mode: i32) -> anyhow::Result<bool> {
     create_dir(dir, 0o755)?;
+    let mut written = false;
     for (relative, contents, mode) in files {
         if relative.split('/').any(|part| part == "..") || relative.starts_with('/') {
             bail!("volume file path {relative:?} leaves the volume");
         }
         let path = dir.join(relative);
+        if std::fs::read(&path).is_ok_and(|old| old == *contents) {
+            continue;
+        }
         if let Some(parent) = path.parent() {
             create_dir(parent, 0o755)?;
         }
-        std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
+        let temporary = path.with_file_name(format!(
+            "..{}.new",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        std::fs::write(&temporary, contents)
+            .with_context(|| format!("writing {}", temporary.display()))?;
         let mode = u32::try_from(mode.unwrap_or(default_mode)).unwrap_or(0o644);
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-            .with_context(|| format!("setting mode of {}", path.display()))?;
+        std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("setting mode of {}", temporary.display()))?;
+        std::fs::rename(&temporary, &path)
+            .with_context(|| format!("replacing {}", path.display()))?;
+        written = true;
     }
-    Ok(())
+    Ok(written)
 }
 
 fn create_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
