@@ -1,18 +1,20 @@
 //! The DatabaseCluster controller end to end on the local cluster's process-backed
 //! nodes: `kubectl apply` a two-instance PostgreSQL cluster and it becomes Ready, with
 //! its credentials Secret, its Services following the roles, and a row written through
-//! `-rw` readable through `-ro`; the leader's successor keeps the CA and reaches the
+//! `-rw` readable through `-ro`; passwords rotated in the Secrets apply (the app
+//! Secret's `uri` follows) and never reach a log; the leader's successor keeps the CA and reaches the
 //! instances with it; deleting it removes what it owned.
 
 mod support;
 
-use support::postgres::connect;
+use support::postgres::{connect, try_connect};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, describe, http_get, jsonpath, secret_value, wait_for,
+    LocalVolumes, Operator, apply_cluster, describe, http_get, jsonpath, secret_value,
+    try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl, kubectl_ok};
 
@@ -155,6 +157,53 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop((primary, replica));
+
+    // Rotated passwords: written into the Secrets, the primary sets them (as verifiers,
+    // logging off), the app Secret's uri follows, and the old password stops working.
+    let rotated = "n3w:p@ss/word";
+    for secret in ["shop-app", "shop-superuser"] {
+        kubectl_ok(&[
+            "patch",
+            "secret",
+            secret,
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            &format!("{{\"stringData\":{{\"password\":\"{rotated}\"}}}}"),
+        ]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let app = try_connect(&rw, "clerk", rotated, "shop").await;
+        let superuser = try_superuser(&ns, "shop", "shop-1").await;
+        if app.is_ok() && superuser.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rotated passwords work within 60 s: {:?} {:?}\n{}",
+            app.err(),
+            superuser.err(),
+            operator_log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        try_connect(&rw, "clerk", &password, "shop").await.is_err(),
+        "the old password no longer works"
+    );
+    wait_for(
+        "the app Secret's uri to follow its password",
+        Duration::from_secs(30),
+        || secret("uri").contains(":n3w%3Ap%40ss%2Fword@"),
+        operator_log,
+    );
+    let log = kubectl_ok(&["logs", "shop-1", "-n", &ns]);
+    assert!(
+        !log.contains(rotated) && !log.contains("SCRAM-SHA-256$"),
+        "no rotated password nor verifier in the primary's log"
+    );
 
     // The operators' own endpoints; exactly one of them leads.
     let leaders: Vec<usize> = (0..2).filter(|i| operators[*i].is_leader()).collect();

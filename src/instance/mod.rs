@@ -228,6 +228,88 @@ struct Instance {
     passfile: PathBuf,
 }
 
+/// The roles' passwords as the mounted Secret files hold them.
+#[derive(Clone, Debug, PartialEq)]
+struct Passwords {
+    superuser: String,
+    replication: String,
+    app: Option<String>,
+}
+
+impl Instance {
+    async fn read_passwords(&self) -> anyhow::Result<Passwords> {
+        Ok(Passwords {
+            superuser: read_secret(&self.args.superuser_password_file).await?,
+            replication: read_secret(&self.args.replication_password_file).await?,
+            app: match &self.args.app_password_file {
+                Some(file) => Some(read_secret(file).await?),
+                None => None,
+            },
+        })
+    }
+
+    /// The password file libpq reads for pg_basebackup, pg_rewind and streaming.
+    async fn write_passfile(&self, passwords: &Passwords) -> anyhow::Result<()> {
+        bootstrap::write_private(
+            &self.passfile,
+            &config::render_passfile(&passwords.superuser, &passwords.replication),
+        )
+        .await
+        .with_context(|| format!("writing {}", self.passfile.display()))
+    }
+
+    /// Sets the roles' passwords (as SCRAM verifiers) that differ from `applied`.
+    async fn set_passwords(
+        &self,
+        pool: &PgPool,
+        passwords: &Passwords,
+        applied: Option<&Passwords>,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut set = Vec::new();
+        for (role, password, attributes) in roles_to_set(&self.args.app_owner, passwords, applied) {
+            database::ensure_role(pool, role, password, attributes).await?;
+            set.push(role.to_owned());
+        }
+        Ok(set)
+    }
+}
+
+/// Each role whose password differs from `applied` (all without it): the role, the
+/// password and the role's attributes.
+fn roles_to_set<'a>(
+    owner: &'a str,
+    passwords: &'a Passwords,
+    applied: Option<&Passwords>,
+) -> Vec<(&'a str, &'a str, &'static str)> {
+    let before = |pick: fn(&Passwords) -> Option<&String>| applied.and_then(pick);
+    [
+        (
+            "postgres",
+            Some(&passwords.superuser),
+            before(|a| Some(&a.superuser)),
+            "superuser",
+        ),
+        (
+            config::REPLICATION_USER,
+            Some(&passwords.replication),
+            before(|a| Some(&a.replication)),
+            "replication",
+        ),
+        (
+            owner,
+            passwords.app.as_ref(),
+            before(|a| a.app.as_ref()),
+            "",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(role, password, before, attributes)| {
+        let password = password.filter(|p| Some(*p) != before)?;
+        Some((role, password.as_str(), attributes))
+    })
+    .collect()
+}
+
 async fn read_secret(path: &Path) -> anyhow::Result<String> {
     let value = tokio::fs::read_to_string(path)
         .await
@@ -512,20 +594,14 @@ impl Instance {
             .with_context(|| format!("stopping postgres in {}", self.args.data_dir.display()))
     }
 
-    /// On a primary: Castellan's schema, the replication role and the application's
-    /// role and database, all idempotent. A restored primary also gets this cluster's
-    /// superuser password (the backup carries its source's).
-    async fn prepare_primary(&self, pool: &PgPool, restored: bool) -> anyhow::Result<()> {
+    /// On a primary: Castellan's schema, the roles with the passwords the Secrets hold
+    /// now (a restored primary's are its source's; a Secret may have been rotated while
+    /// the server was down) and the application's database, all idempotent.
+    async fn prepare_primary(&self, pool: &PgPool) -> anyhow::Result<()> {
         database::migrate(pool).await?;
-        if restored {
-            let superuser = read_secret(&self.args.superuser_password_file).await?;
-            database::ensure_role(pool, "postgres", &superuser, "superuser").await?;
-        }
-        let replication = read_secret(&self.args.replication_password_file).await?;
-        database::ensure_role(pool, config::REPLICATION_USER, &replication, "replication").await?;
-        if let Some(file) = &self.args.app_password_file {
-            let password = read_secret(file).await?;
-            database::ensure_role(pool, &self.args.app_owner, &password, "").await?;
+        let passwords = self.read_passwords().await?;
+        self.set_passwords(pool, &passwords, None).await?;
+        if self.args.app_password_file.is_some() {
             database::ensure_database(pool, &self.args.app_database, &self.args.app_owner).await?;
         }
         Ok(())
@@ -562,6 +638,8 @@ struct Supervisor {
     sync_names: String,
     /// Castellan's schema and roles were made on this primary since the process began.
     prepared: bool,
+    /// The passwords the Secret files held when last read; the password file has them.
+    passwords: Passwords,
     /// No start before this (back-off after failures).
     not_before: Instant,
     restarts: backon::ExponentialBackoff,
@@ -572,8 +650,6 @@ struct Supervisor {
     restore: Option<RestoreRequest>,
     /// What it is doing, for the status report.
     restoring: Option<String>,
-    /// This primary was restored from a backup since the process began.
-    restored: bool,
     /// A scratch instance's verdict, once it verified its backup.
     verification: Option<crate::instance_api::VerificationReport>,
 }
@@ -595,6 +671,42 @@ impl Supervisor {
             Some(Role::Primary) => self.lease_held(),
             Some(Role::Replica(_)) => true,
         }
+    }
+
+    /// A rotated Secret (the kubelet rewrites its files in place): every instance's
+    /// password file follows, and a running primary sets the new verifiers, which
+    /// replicate. A primary that is not running sets them all when it starts.
+    async fn follow_passwords(&mut self) {
+        let read = match self.instance.read_passwords().await {
+            Ok(read) if read != self.passwords => read,
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "reading the password files");
+                return;
+            }
+        };
+        if let Err(error) = self.instance.write_passfile(&read).await {
+            tracing::warn!(error = %format!("{error:#}"), "a password changed; retrying");
+            return;
+        }
+        if self.role == Some(Role::Primary) && self.postmaster.is_some() {
+            match self
+                .instance
+                .set_passwords(&self.pool, &read, Some(&self.passwords))
+                .await
+            {
+                Ok(roles) => tracing::info!(?roles, "applied rotated passwords"),
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), "applying a rotated password failed; retrying");
+                    return;
+                }
+            }
+        } else {
+            tracing::info!("a password changed: the password file follows");
+            // A primary sets them when it next starts.
+            self.prepared = false;
+        }
+        self.passwords = read;
     }
 
     fn publish(&self) {
@@ -629,6 +741,7 @@ impl Supervisor {
     /// Starts or stops the server to match [`Supervisor::should_run`], and rejoins a
     /// former primary once it is stopped.
     async fn settle(&mut self) {
+        self.follow_passwords().await;
         if Instant::now() < self.not_before {
             return;
         }
@@ -661,7 +774,6 @@ impl Supervisor {
                     self.role = Some(Role::Primary);
                     self.restore = None;
                     self.restoring = None;
-                    self.restored = true;
                     self.problem = None;
                 }
                 Err(error) => {
@@ -698,11 +810,7 @@ impl Supervisor {
                     self.started = Instant::now();
                     self.problem = None;
                     if role == Role::Primary && !self.prepared {
-                        match self
-                            .instance
-                            .prepare_primary(&self.pool, self.restored)
-                            .await
-                        {
+                        match self.instance.prepare_primary(&self.pool).await {
                             Ok(()) => self.prepared = true,
                             Err(error) => {
                                 tracing::warn!(error = %format!("{error:#}"), "preparing the primary failed; retrying on the next start");
@@ -1140,14 +1248,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| args.data_dir.parent().unwrap_or(Path::new("/")).join("run"));
     private_dir(&socket_dir).await?;
-    let superuser_password = read_secret(&args.superuser_password_file).await?;
-    let replication_password = read_secret(&args.replication_password_file).await?;
     let passfile = socket_dir.join("pgpass");
-    bootstrap::write_private(
-        &passfile,
-        &config::render_passfile(&superuser_password, &replication_password),
-    )
-    .await?;
     let parameters: BTreeMap<String, String> = serde_json::from_str(&args.parameters)
         .context("parsing --parameters as a JSON object of strings")?;
     let sync_names = args.synchronous_standby_names.clone();
@@ -1160,6 +1261,8 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         passfile,
         args,
     });
+    let passwords = instance.read_passwords().await?;
+    instance.write_passfile(&passwords).await?;
     let pool = database::connect(&socket_dir, instance.args.port, "postgres");
     let (publish, published) = watch::channel(Published {
         parameters: parameters.clone(),
@@ -1263,7 +1366,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         restore: None,
         // Absent until the operator sends the restore: that is how it knows to.
         restoring: None,
-        restored: false,
+        passwords,
         verification: None,
     };
     supervisor.settle().await;
@@ -1429,6 +1532,40 @@ mod tests {
         assert_eq!((seen, stuck), (Some((7, start)), None));
         let (seen, stuck) = connecting_since(seen, Some(7), start + RECEIVER_CONNECT_LIMIT);
         assert_eq!((seen, stuck), (None, Some(7)));
+    }
+
+    #[test]
+    fn only_rotated_passwords_are_set_again_and_all_at_a_start() {
+        let passwords = Passwords {
+            superuser: "s".into(),
+            replication: "r".into(),
+            app: Some("a".into()),
+        };
+        let roles = |applied: Option<&Passwords>| -> Vec<&str> {
+            roles_to_set("clerk", &passwords, applied)
+                .into_iter()
+                .map(|(role, _, _)| role)
+                .collect()
+        };
+        assert_eq!(roles(None), ["postgres", "streaming_replica", "clerk"]);
+        assert!(roles(Some(&passwords)).is_empty());
+        let before = Passwords {
+            app: Some("old".into()),
+            ..passwords.clone()
+        };
+        assert_eq!(
+            roles_to_set("clerk", &passwords, Some(&before)),
+            [("clerk", "a", "")]
+        );
+        let without_app = Passwords {
+            app: None,
+            ..passwords.clone()
+        };
+        assert_eq!(
+            roles_to_set("clerk", &without_app, None).len(),
+            2,
+            "no application role without its Secret"
+        );
     }
 
     #[test]

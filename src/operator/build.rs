@@ -136,8 +136,7 @@ pub fn secrets(
     app: &str,
 ) -> Vec<Secret> {
     let (database, owner) = application(cluster);
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let host = format!("{}.{namespace}.svc", service_name(cluster, "rw"));
+    let host = app_host(cluster);
     let secret = |what: &str, data: Vec<(&str, String)>| Secret {
         metadata: metadata(cluster, secret_name(cluster, what), labels(cluster, &[])),
         type_: Some("kubernetes.io/basic-auth".to_owned()),
@@ -169,15 +168,35 @@ pub fn secrets(
                 ("username", owner.clone()),
                 ("password", app.to_owned()),
                 ("dbname", database.clone()),
-                ("host", host.clone()),
+                ("host", host),
                 ("port", POSTGRES_PORT.to_string()),
-                (
-                    "uri",
-                    format!("postgresql://{owner}:{app}@{host}:{POSTGRES_PORT}/{database}"),
-                ),
+                ("uri", app_uri(cluster, app)),
             ],
         ),
     ]
+}
+
+/// Where applications connect: the -rw Service's name in the cluster's namespace.
+fn app_host(cluster: &DatabaseCluster) -> String {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    format!("{}.{namespace}.svc", service_name(cluster, "rw"))
+}
+
+/// The application's connection URI with `password` (percent-encoded, so that a
+/// password a user chose with `@` or `/` in it still parses).
+pub fn app_uri(cluster: &DatabaseCluster, password: &str) -> String {
+    let (database, owner) = application(cluster);
+    let host = app_host(cluster);
+    let encoded: String = password
+        .bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(byte).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect();
+    format!("postgresql://{owner}:{encoded}@{host}:{POSTGRES_PORT}/{database}")
 }
 
 /// The instance API's Secret, in the layout of a `kubernetes.io/tls` Secret: `tls.crt`
@@ -741,6 +760,19 @@ pub fn pod(
 mod tests {
     use super::*;
     use castellan_crds::DatabaseClusterSpec;
+
+    #[test]
+    fn the_app_uri_carries_any_password_percent_encoded() {
+        let cluster = cluster(
+            serde_json::json!({"engine": "postgresql", "version": "15", "replicas": 1,
+                                     "storage": {"size": "1Gi"},
+                                     "bootstrap": {"initdb": {"database": "shop", "owner": "clerk"}}}),
+        );
+        assert_eq!(
+            app_uri(&cluster, "n3w:p@ss/word~"),
+            "postgresql://clerk:n3w%3Ap%40ss%2Fword~@orders-rw.shop.svc:5432/shop"
+        );
+    }
 
     #[test]
     fn a_scratch_instance_has_none_of_the_clusters_labels_and_waits_for_a_restore() {

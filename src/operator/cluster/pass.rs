@@ -118,6 +118,37 @@ async fn written_condition(
     }
 }
 
+/// Rewrites the application Secret's `uri` when its `password` was changed.
+async fn follow_password(
+    secrets: &Api<Secret>,
+    cluster: &DatabaseCluster,
+    secret: &Secret,
+) -> Result<(), Error> {
+    let data = secret.data.as_ref();
+    let value = |key: &str| {
+        data.and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    let Some(password) = value("password") else {
+        return Ok(());
+    };
+    let uri = build::app_uri(cluster, &password);
+    if value("uri").as_deref() == Some(uri.as_str()) {
+        return Ok(());
+    }
+    let name = secret.name_any();
+    let patch = json!({"stringData": {"uri": uri}});
+    secrets
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_error(
+            format!("updating the uri in Secret {name}"),
+            cluster,
+        ))?;
+    tracing::info!(cluster = %cluster.name_any(), secret = %name, "the uri follows a changed password");
+    Ok(())
+}
+
 pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, Error> {
     let cluster = order.cluster.as_ref();
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
@@ -125,8 +156,9 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     let name = cluster.name_any();
     let apply = PatchParams::apply(MANAGER).force();
 
-    // Credentials: made once, never rewritten. Passwords are generated only when a
-    // Secret is missing.
+    // Credentials: made once; passwords are generated only when a Secret is missing.
+    // A user may rotate a password by writing it into its Secret (the instances follow
+    // the mounted files): the application's `uri` follows its `password` here.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let mut missing = Vec::new();
     for what in ["superuser", "replication", "app"] {
@@ -135,8 +167,10 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
             .get_opt(&secret_name)
             .await
             .map_err(kube_error(format!("reading Secret {secret_name}"), cluster))?;
-        if found.is_none() {
-            missing.push(secret_name);
+        match found {
+            None => missing.push(secret_name),
+            Some(secret) if what == "app" => follow_password(&secrets, cluster, &secret).await?,
+            Some(_) => {}
         }
     }
     if !missing.is_empty() {
