@@ -39,8 +39,12 @@ pub fn decide(lease: Option<&Lease>, me: &str, now: Timestamp) -> Decision {
             Decision::Claim
         };
     };
-    if spec.holder_identity.as_deref() == Some(me) {
-        return Decision::Claim;
+    // Ours, or given up (`release`): a released lease keeps its acquireTime, which
+    // must not make the next operator wait out a lease nobody holds.
+    match spec.holder_identity.as_deref() {
+        Some(holder) if holder == me => return Decision::Claim,
+        None | Some("") => return Decision::Claim,
+        Some(_) => {}
     }
     let duration = spec
         .lease_duration_seconds
@@ -237,6 +241,21 @@ mod tests {
         }
         assert_eq!(
             decide(Some(&no_times), "a", Timestamp::now()),
+            Decision::Claim
+        );
+    }
+
+    #[test]
+    fn a_released_lease_is_taken_at_once() {
+        // As `release` leaves it: no holder, no renewTime, an acquireTime seconds ago.
+        let mut released = lease("b", Timestamp::now());
+        if let Some(spec) = released.spec.as_mut() {
+            spec.holder_identity = None;
+            spec.renew_time = None;
+            spec.acquire_time = Some(MicroTime(Timestamp::now() - Duration::from_secs(3)));
+        }
+        assert_eq!(
+            decide(Some(&released), "a", Timestamp::now()),
             Decision::Claim
         );
     }
