@@ -47,19 +47,33 @@ async fn try_superuser(namespace: &str, pod: &str) -> Result<PgConnection, Strin
 }
 
 /// Writes a little, then ends the current segment; returns its file name.
-async fn complete_a_segment(connection: &mut PgConnection) -> String {
-    sqlx::query("insert into orders (item) select 'widget' from generate_series(1, 100)")
-        .execute(&mut *connection)
-        .await
-        .expect("writing orders");
-    let name: String = sqlx::query_scalar("select pg_walfile_name(pg_current_wal_lsn())")
+async fn complete_a_segment(
+    connection: &mut PgConnection,
+    diagnostics: &dyn Fn() -> String,
+) -> String {
+    let failed = |what: &str, error: sqlx::Error| -> ! {
+        panic!("{what} on the primary: {error}\n{}", diagnostics())
+    };
+    if let Err(error) =
+        sqlx::query("insert into orders (item) select 'widget' from generate_series(1, 100)")
+            .execute(&mut *connection)
+            .await
+    {
+        failed("writing orders", error);
+    }
+    let name: String = match sqlx::query_scalar("select pg_walfile_name(pg_current_wal_lsn())")
         .fetch_one(&mut *connection)
         .await
-        .expect("the current WAL file");
-    sqlx::query("select pg_switch_wal()")
+    {
+        Ok(name) => name,
+        Err(error) => failed("reading the current WAL file", error),
+    };
+    if let Err(error) = sqlx::query("select pg_switch_wal()")
         .execute(&mut *connection)
         .await
-        .expect("switching WAL");
+    {
+        failed("switching WAL", error);
+    }
     name
 }
 
@@ -112,7 +126,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         .await
         .expect("creating orders");
     let prefix = format!("{ns}/{CLUSTER}/{}", system_id(&mut connection).await);
-    let file = complete_a_segment(&mut connection).await;
+    let file = complete_a_segment(&mut connection, &diagnostics).await;
     let key = segment_key(&prefix, &file);
     wait_for_key(&key, "a completed segment", diagnostics).await;
     assert_eq!(s3::wal_file(&key).await.len(), SEGMENT_SIZE, "{key} whole");
@@ -132,7 +146,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         diagnostics,
     );
     let mut connection = superuser(&ns, &target).await;
-    let file = complete_a_segment(&mut connection).await;
+    let file = complete_a_segment(&mut connection, &diagnostics).await;
     assert!(
         file.starts_with("00000002"),
         "{file} is on the new timeline"
@@ -155,7 +169,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         old.terminate();
     }
     operator = Some(Operator::start(&ns, OPERATOR));
-    let file = complete_a_segment(&mut connection).await;
+    let file = complete_a_segment(&mut connection, &diagnostics).await;
     wait_for_key(
         &segment_key(&prefix, &file),
         "a segment after an operator restart",
@@ -168,7 +182,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
     s3::server("stop");
     let mut waiting = Vec::new();
     for _ in 0..17 {
-        waiting.push(complete_a_segment(&mut connection).await);
+        waiting.push(complete_a_segment(&mut connection, &diagnostics).await);
     }
     wait_for(
         "ContinuousArchiving False with the S3 server down",
@@ -235,7 +249,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         diagnostics,
     );
     for _ in 0..24 {
-        complete_a_segment(&mut connection).await;
+        complete_a_segment(&mut connection, &diagnostics).await;
     }
     let slot = format!("castellan_{}", replica.replace('-', "_"));
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -259,7 +273,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
             "slot {slot} not lost within 60 s: {status:?}\n{}",
             diagnostics()
         );
-        complete_a_segment(&mut connection).await;
+        complete_a_segment(&mut connection, &diagnostics).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let marker: i64 =
