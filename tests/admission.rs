@@ -1,6 +1,7 @@
 //! Bad input is refused by the API server at admission, with a message that tells a
 //! person what to fix. Each case is a create, or an update of a valid object, sent to
-//! the real API server; the test checks it is refused and what the refusal says.
+//! the real API server; the test checks it is refused and what the refusal says. Pods
+//! with Castellan's labels are refused unless the operator makes them.
 
 mod support;
 
@@ -8,7 +9,9 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use support::{TestNamespace, client};
+use std::time::{Duration, Instant};
+
+use support::{TestNamespace, client, kubectl, kubectl_ok};
 
 enum Kind {
     DatabaseCluster,
@@ -666,4 +669,133 @@ async fn the_valid_objects_are_accepted() {
             .await
             .expect("deleting the valid object");
     }
+}
+
+/// A pod carrying Castellan's labels would receive a cluster's connections: only the
+/// operator (or an administrator) may create one or put the labels on one
+/// (`deploy/operator/policies.yaml`). Shown with real requests from a service account
+/// that may create and change pods in its namespace.
+#[tokio::test]
+async fn only_the_operator_puts_castellan_labels_on_pods() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "pod-labels").await;
+    let ns = namespace.name.as_str();
+    kubectl_ok(&[
+        "apply",
+        "-f",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/policies.yaml"),
+    ]);
+    kubectl_ok(&["create", "serviceaccount", "intruder", "-n", ns]);
+    kubectl_ok(&[
+        "create",
+        "role",
+        "pods",
+        "--verb=create,get,patch,update,delete",
+        "--resource=pods",
+        "-n",
+        ns,
+    ]);
+    kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "intruder",
+        "--role=pods",
+        &format!("--serviceaccount={ns}:intruder"),
+        "-n",
+        ns,
+    ]);
+    let intruder = format!("--as=system:serviceaccount:{ns}:intruder");
+    // Bound to a node that does not exist: nothing runs them.
+    let run = |name: &str, labels: &str, who: Option<&str>| {
+        let labels = format!("--labels={labels}");
+        let mut args = vec![
+            "run",
+            name,
+            "-n",
+            ns,
+            "--image=example.invalid/none",
+            "--restart=Never",
+            labels.as_str(),
+            r#"--overrides={"spec":{"nodeName":"no-such-node"}}"#,
+        ];
+        args.extend(who);
+        kubectl(&args)
+    };
+    let refusal = |output: std::process::Output| {
+        (!output.status.success()).then(|| String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+
+    // The policy is in force a moment after it is created.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let message = loop {
+        if let Some(message) = refusal(run(
+            "fake-primary",
+            "castellan.io/cluster=shop,castellan.io/role=primary",
+            Some(&intruder),
+        )) {
+            break message;
+        }
+        kubectl_ok(&["delete", "pod", "fake-primary", "-n", ns, "--wait=false"]);
+        assert!(
+            Instant::now() < deadline,
+            "a pod with Castellan's labels from another account is refused within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        message.contains("only the Castellan operator may set the labels")
+            && message.contains("castellan.io/role"),
+        "{message}"
+    );
+
+    // Its own pods, unlabelled, are none of the policy's business; labelling one is.
+    assert_eq!(refusal(run("plain", "app=mine", Some(&intruder))), None);
+    let labelled = refusal(kubectl(&[
+        "label",
+        "pod",
+        "plain",
+        "castellan.io/role=primary",
+        "-n",
+        ns,
+        &intruder,
+    ]))
+    .expect("adding castellan.io/role to a pod is refused");
+    assert!(labelled.contains("castellan.io/role"), "{labelled}");
+
+    // A pod the operator (here an administrator) labelled may still be changed in other
+    // ways, but not have its Castellan labels changed.
+    assert_eq!(
+        refusal(run(
+            "member",
+            "castellan.io/cluster=shop,castellan.io/role=replica",
+            None
+        )),
+        None
+    );
+    assert_eq!(
+        refusal(kubectl(&[
+            "label",
+            "pod",
+            "member",
+            "app=other",
+            "-n",
+            ns,
+            &intruder
+        ])),
+        None
+    );
+    assert!(
+        refusal(kubectl(&[
+            "label",
+            "pod",
+            "member",
+            "castellan.io/role=primary",
+            "--overwrite",
+            "-n",
+            ns,
+            &intruder,
+        ]))
+        .is_some(),
+        "turning a replica's label into primary is refused"
+    );
 }

@@ -78,6 +78,7 @@ up() {
   sed -e "/CASTELLAN_POSTGRES_UID/s/value: \"26\"/value: \"$uid\"/" \
       -e "/CASTELLAN_POSTGRES_GID/s/value: \"26\"/value: \"$gid\"/" \
       "$repo/deploy/operator/operator.yaml" | "${k[@]}" apply -f - >/dev/null
+  "${k[@]}" apply -f "$repo/deploy/operator/policies.yaml" >/dev/null
   disks
   "${k[@]}" apply -f "$repo/deploy/examples/local-pool.yaml" >/dev/null
   log "waiting for StoragePool $pool to be Ready on every node"
