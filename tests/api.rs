@@ -162,3 +162,82 @@ async fn a_misspelled_field_is_refused() {
         );
     }
 }
+
+/// The documents of a multi-document YAML file in the repository.
+fn manifests(path: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(repo().join(path))
+        .unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|document| {
+            serde::Deserialize::deserialize(document)
+                .unwrap_or_else(|e| panic!("parsing {path}: {e}"))
+        })
+        .filter(|document: &serde_json::Value| !document.is_null())
+        .collect()
+}
+
+/// The shipped RBAC names no wildcard, and the operator's service account, bound as
+/// `deploy/operator/operator.yaml` binds it, cannot touch what only the agent manages
+/// (StoragePools, BlockDevices) nor ConfigMaps, which it never uses.
+#[tokio::test]
+async fn the_shipped_rbac_has_no_wildcards_and_the_operator_only_what_it_uses() {
+    for path in ["deploy/operator/operator.yaml", "deploy/agent/agent.yaml"] {
+        for role in manifests(path)
+            .iter()
+            .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
+        {
+            for rule in role["rules"].as_array().into_iter().flatten() {
+                for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
+                    let values = rule[field].as_array().into_iter().flatten();
+                    assert!(
+                        values.into_iter().all(|v| v.as_str() != Some("*")),
+                        "{path}: {} grants '*' in {field}: {rule}",
+                        role["metadata"]["name"]
+                    );
+                }
+            }
+        }
+    }
+
+    // Only the identity and its rights: the Deployment would start an operator.
+    let rbac: Vec<String> = manifests("deploy/operator/operator.yaml")
+        .into_iter()
+        .filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some("Namespace" | "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
+            )
+        })
+        .map(|d| serde_json::to_string(&d).expect("JSON"))
+        .collect();
+    let file = std::env::temp_dir().join(format!("operator-rbac-{}.json", std::process::id()));
+    std::fs::write(
+        &file,
+        format!(
+            "{{\"apiVersion\":\"v1\",\"kind\":\"List\",\"items\":[{}]}}",
+            rbac.join(",")
+        ),
+    )
+    .expect("writing the RBAC manifests");
+    kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
+    let _ = std::fs::remove_file(&file);
+    let operator = "--as=system:serviceaccount:castellan-system:castellan-operator";
+    let can = |verb: &str, resource: &str| {
+        let output = kubectl(&["auth", "can-i", verb, resource, "-n", "default", operator]);
+        String::from_utf8_lossy(&output.stdout).trim() == "yes"
+    };
+    assert!(
+        can("watch", "databaseclusters.castellan.io"),
+        "the binding is in force"
+    );
+    assert!(can("create", "pods"));
+    for (verb, resource) in [
+        ("create", "storagepools.castellan.io"),
+        ("patch", "storagepools.castellan.io"),
+        ("delete", "blockdevices.castellan.io"),
+        ("get", "configmaps"),
+        ("delete", "persistentvolumes"),
+    ] {
+        assert!(!can(verb, resource), "the operator may {verb} {resource}");
+    }
+}
