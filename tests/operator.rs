@@ -161,7 +161,7 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     // Rotated passwords: written into the Secrets, the primary sets them (as verifiers,
     // logging off), the app Secret's uri follows, and the old password stops working.
     let rotated = "n3w:p@ss/word";
-    for secret in ["shop-app", "shop-superuser"] {
+    for secret in ["shop-app", "shop-superuser", "shop-replication"] {
         kubectl_ok(&[
             "patch",
             "secret",
@@ -204,6 +204,41 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         !log.contains(rotated) && !log.contains("SCRAM-SHA-256$"),
         "no rotated password nor verifier in the primary's log"
     );
+    // The replica follows the replication password too: cut off, it reconnects with
+    // the new one (its password file follows the Secret) and streams what it missed.
+    let mut superuser = try_superuser(&ns, "shop", "shop-1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("select pg_terminate_backend(pid) from pg_stat_replication")
+        .execute(&mut superuser)
+        .await
+        .expect("cutting the replica off");
+    sqlx::query("insert into orders values (2)")
+        .execute(&mut superuser)
+        .await
+        .expect("insert");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = match try_superuser(&ns, "shop", "shop-2").await {
+            Ok(mut replica) => sqlx::query_scalar::<_, i64>(
+                "select count(*) from orders where (select status = 'streaming' \
+                 from pg_stat_wal_receiver)",
+            )
+            .fetch_one(&mut replica)
+            .await
+            .unwrap_or(0),
+            Err(_) => 0,
+        };
+        if seen == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica streams again with the rotated replication password within 60 s\n{}",
+            kubectl_ok(&["logs", "shop-2", "-n", &ns])
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // The operators' own endpoints; exactly one of them leads.
     let leaders: Vec<usize> = (0..2).filter(|i| operators[*i].is_leader()).collect();
