@@ -16,7 +16,7 @@ use support::cluster::{
     LocalVolumes, Operator, apply_cluster, describe, http_get, jsonpath, secret_value,
     try_superuser, wait_for,
 };
-use support::{TestNamespace, client, kubectl, kubectl_ok};
+use support::{TestNamespace, client, eventually, kubectl, kubectl_ok};
 
 /// Where the test's two operators serve /healthz, /readyz and /metrics (also their
 /// identities in the leader Lease).
@@ -173,22 +173,21 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
             &format!("{{\"stringData\":{{\"password\":\"{rotated}\"}}}}"),
         ]);
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let app = try_connect(&rw, "clerk", rotated, "shop").await;
-        let superuser = try_superuser(&ns, "shop", "shop-1").await;
-        if app.is_ok() && superuser.is_ok() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the rotated passwords work within 60 s: {:?} {:?}\n{}",
-            app.err(),
-            superuser.err(),
-            operator_log()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let (rw_address, namespace_name) = (rw.as_str(), ns.as_str());
+    eventually(
+        "the rotated passwords work within 60 s",
+        Duration::from_secs(60),
+        || async move {
+            try_connect(rw_address, "clerk", rotated, "shop")
+                .await
+                .map_err(|e| format!("app: {e}"))?;
+            try_superuser(namespace_name, "shop", "shop-1")
+                .await
+                .map(drop)
+                .map_err(|e| format!("superuser: {e}"))
+        },
+    )
+    .await;
     assert!(
         try_connect(&rw, "clerk", &password, "shop").await.is_err(),
         "the old password no longer works"
@@ -217,28 +216,26 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         .execute(&mut superuser)
         .await
         .expect("insert");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let seen = match try_superuser(&ns, "shop", "shop-2").await {
-            Ok(mut replica) => sqlx::query_scalar::<_, i64>(
+    eventually(
+        "the replica streams again with the rotated replication password within 60 s",
+        Duration::from_secs(60),
+        || async move {
+            let mut replica = try_superuser(namespace_name, "shop", "shop-2").await?;
+            let seen = sqlx::query_scalar::<_, i64>(
                 "select count(*) from orders where (select status = 'streaming' \
                  from pg_stat_wal_receiver)",
             )
             .fetch_one(&mut replica)
             .await
-            .unwrap_or(0),
-            Err(_) => 0,
-        };
-        if seen == 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the replica streams again with the rotated replication password within 60 s\n{}",
-            kubectl_ok(&["logs", "shop-2", "-n", &ns])
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+            .map_err(|e| e.to_string())?;
+            if seen == 2 {
+                Ok(())
+            } else {
+                Err(format!("{seen} of 2 rows while streaming"))
+            }
+        },
+    )
+    .await;
 
     // The operators' own endpoints; exactly one of them leads.
     let leaders: Vec<usize> = (0..2).filter(|i| operators[*i].is_leader()).collect();
