@@ -139,6 +139,13 @@ pub struct StatusReport {
     /// A scratch instance's verdict on the backup it restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<VerificationReport>,
+    /// Whether PostgreSQL serves TLS (with the cluster's certificates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<bool>,
+    /// Whether it takes clients over plain TCP too (`spec.tls.allowPlaintext` as last
+    /// sent; absent from a manager that predates the setting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_plaintext: Option<bool>,
 }
 
 /// The server's state as the operator needs it.
@@ -259,6 +266,9 @@ pub struct ReloadRequest {
     /// `docs/backups.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<ArchiveConfig>,
+    /// Accept clients over plain TCP too (`spec.tls.allowPlaintext`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_plaintext: Option<bool>,
 }
 
 /// The object store WAL is archived to, with the credentials to reach it. It travels

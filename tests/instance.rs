@@ -83,17 +83,26 @@ impl Scratch {
         }
         let at = |sub: &str| dir.join(sub).display().to_string();
         pki(&["ca", "--out", &at("ca")]);
-        pki(&[
-            "instance",
-            "--ca",
-            &at("ca"),
-            "--cluster",
-            "it",
-            "--namespace",
-            "test",
-            "--out",
-            &at("tls"),
-        ]);
+        // The certificates of the instance API and of PostgreSQL, as the pods mount
+        // <cluster>-instance-tls, -server-tls and -replication-tls: the instances serve
+        // TLS and replicas stream with their client certificate, as in a cluster.
+        for (kind, out) in [
+            ("instance", "tls"),
+            ("postgres", "server-tls"),
+            ("replication", "replication-tls"),
+        ] {
+            pki(&[
+                kind,
+                "--ca",
+                &at("ca"),
+                "--cluster",
+                "it",
+                "--namespace",
+                "test",
+                "--out",
+                &at(out),
+            ]);
+        }
         pki(&["operator", "--ca", &at("ca"), "--out", &at("operator")]);
         chown_tree(&dir, uid, gid);
         Self(dir)
@@ -219,6 +228,11 @@ impl Instance {
             .arg("--tls-ca-file")
             .arg(scratch.0.join("tls/ca.crt"))
             .args(["--probe-port", "8001"])
+            .arg("--server-tls-dir")
+            .arg(scratch.0.join("server-tls"))
+            .arg("--replication-tls-dir")
+            .arg(scratch.0.join("replication-tls"))
+            .args(["--upstream-server-name", "it-rw.test.svc"])
             .args([
                 "--app-database",
                 "shop",
@@ -523,7 +537,7 @@ async fn primary_and_replica_stream_report_and_promote() {
         .fetch_one(&mut superuser)
         .await
         .expect("reading migrations");
-    assert_eq!(migrated, 1);
+    assert_eq!(migrated, 2, "both of migrations/ applied");
     // Over TCP a wrong password is refused.
     let wrong = PgConnectOptions::new()
         .host("127.0.50.1")
@@ -585,6 +599,60 @@ async fn primary_and_replica_stream_report_and_promote() {
     .await
     .expect("reading slots");
     assert_eq!(slot, Some(true), "the replica streams from its own slot");
+
+    // Replication runs over TLS, authenticated by the replication role's client
+    // certificate (pg_hba's `cert` for it), and the clients' connections are TLS.
+    let (ssl, client_dn): (bool, Option<String>) = sqlx::query_as(
+        "select ssl.ssl, ssl.client_dn from pg_stat_ssl ssl \
+         join pg_stat_replication r using (pid) where r.application_name = 'it-2'",
+    )
+    .fetch_one(&mut superuser)
+    .await
+    .expect("reading the standby's connection");
+    assert!(ssl, "the standby streams over TLS");
+    assert!(
+        client_dn
+            .as_deref()
+            .is_some_and(|dn| dn.contains("CN=streaming_replica")),
+        "with the replication certificate: {client_dn:?}"
+    );
+    let own_ssl: bool =
+        sqlx::query_scalar("select ssl from pg_stat_ssl where pid = pg_backend_pid()")
+            .fetch_one(&mut superuser)
+            .await
+            .expect("reading this connection");
+    assert!(own_ssl, "clients connect over TLS");
+    // Plain TCP is refused (spec.tls.allowPlaintext is off), with pg_hba's reason.
+    let plain = PgConnectOptions::new()
+        .host("127.0.50.1")
+        .username("shop")
+        .password(APP_PASSWORD)
+        .database("shop")
+        .ssl_mode(sqlx::postgres::PgSslMode::Disable)
+        .connect()
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        plain.contains("pg_hba.conf rejects connection") && plain.contains("no encryption"),
+        "plain TCP refused: {plain:?}"
+    );
+    // And the primary's certificate verifies for the -rw Service's name with the CA.
+    let verified = PgConnectOptions::new()
+        .host("127.0.50.1")
+        .username("shop")
+        .password(APP_PASSWORD)
+        .database("shop")
+        .ssl_mode(sqlx::postgres::PgSslMode::VerifyCa)
+        .ssl_root_cert(scratch.0.join("server-tls/ca.crt"))
+        .connect()
+        .await;
+    assert!(
+        verified.is_ok(),
+        "the server's certificate chains to the cluster's CA: {:?}",
+        verified.err()
+    );
 
     // A sync quorum through reload: the standby becomes a quorum member, and a commit
     // with remote_apply is visible on it the moment the commit returns.

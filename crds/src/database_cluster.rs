@@ -254,6 +254,30 @@ pub struct DatabaseClusterSpec {
     /// When another instance takes over from a primary that stopped working.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverPolicy>,
+
+    /// How clients reach PostgreSQL: over TLS only, by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsPolicy>,
+}
+
+/// PostgreSQL's TLS. The server certificate (for the Services' names), the
+/// replication client certificate and their CA come from Castellan's CA; clients
+/// find the CA in the application Secret's `ca.crt`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsPolicy {
+    /// Also accept clients over plain TCP (password authentication without
+    /// encryption). Default false: a connection without TLS is refused. Replication
+    /// uses TLS with certificate authentication either way.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+}
+
+impl DatabaseClusterSpec {
+    /// Whether clients may connect without TLS (`spec.tls.allowPlaintext`).
+    pub fn allows_plaintext(&self) -> bool {
+        self.tls.as_ref().is_some_and(|tls| tls.allow_plaintext)
+    }
 }
 
 /// When another instance takes over from a failed primary.

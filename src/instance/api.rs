@@ -151,6 +151,8 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         archive: shared.archive.report(),
         restoring: published.restoring,
         verification: published.verification,
+        tls: published.tls,
+        allow_plaintext: Some(published.allow_plaintext),
     };
     if !published.running {
         report.error = Some("postgres is not running".to_owned());
@@ -367,6 +369,7 @@ async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadReques
             parameters: body.parameters,
             synchronous_standby_names: body.synchronous_standby_names,
             slots: body.slots,
+            allow_plaintext: body.allow_plaintext,
         },
     )
     .await

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::process::Command;
 
-use super::config::{self, REPLICATION_USER, Role, Upstream};
+use super::config::{Role, Upstream};
 use crate::instance_api::TOGETHER;
 
 #[derive(Debug, thiserror::Error)]
@@ -244,16 +244,12 @@ pub async fn base_backup(
     passfile: &Path,
 ) -> Result<(), BootstrapError> {
     let data = data_dir.to_string_lossy();
-    let port = upstream.port.to_string();
+    let connection = upstream.conninfo(passfile, None);
     let common = [
         "--pgdata",
         &*data,
-        "--host",
-        &upstream.host,
-        "--port",
-        &port,
-        "--username",
-        REPLICATION_USER,
+        "--dbname",
+        &connection,
         "--wal-method",
         "stream",
         "--checkpoint",
@@ -320,10 +316,11 @@ async fn include_castellan_conf(data_dir: &Path) -> Result<(), BootstrapError> {
 pub async fn write_role_files(
     data_dir: &Path,
     castellan_conf: &str,
+    pg_hba: &str,
     role: &Role,
 ) -> Result<(), BootstrapError> {
     write_private(&data_dir.join("castellan.conf"), castellan_conf).await?;
-    write_private(&data_dir.join("pg_hba.conf"), &config::render_pg_hba()).await?;
+    write_private(&data_dir.join("pg_hba.conf"), pg_hba).await?;
     let signal = data_dir.join("standby.signal");
     match role {
         Role::Replica(_) => write_private(&signal, "").await,
@@ -346,7 +343,7 @@ pub async fn ensure_slot(
     upstream: &Upstream,
     passfile: &Path,
 ) -> Result<(), BootstrapError> {
-    let port = upstream.port.to_string();
+    let connection = upstream.conninfo(passfile, None);
     binaries
         .run(
             "pg_receivewal",
@@ -355,12 +352,8 @@ pub async fn ensure_slot(
                 "--if-not-exists",
                 "--slot",
                 &upstream.slot,
-                "--host",
-                &upstream.host,
-                "--port",
-                &port,
-                "--username",
-                REPLICATION_USER,
+                "--dbname",
+                &connection,
                 "--no-password",
             ],
             &[("PGPASSFILE", passfile)],
@@ -429,7 +422,7 @@ pub async fn primary_timeline(
                 "--tuples-only",
                 "--no-align",
                 "--dbname",
-                &superuser_connection(upstream),
+                &upstream.conninfo(passfile, Some("postgres")),
                 "--command",
                 "select case when pg_is_in_recovery() then '' \
                  else substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) end",
@@ -440,13 +433,6 @@ pub async fn primary_timeline(
     Ok(u32::from_str_radix(output.trim(), 16).ok())
 }
 
-fn superuser_connection(upstream: &Upstream) -> String {
-    format!(
-        "host={} port={} user=postgres dbname=postgres sslmode=disable",
-        upstream.host, upstream.port
-    )
-}
-
 /// Rewinds a former primary onto the new primary's timeline so it can follow it.
 pub async fn rewind(
     binaries: &Binaries,
@@ -455,7 +441,9 @@ pub async fn rewind(
     passfile: &Path,
 ) -> Result<String, BootstrapError> {
     let data = data_dir.to_string_lossy();
-    let source = superuser_connection(upstream);
+    // As the replication role, which may read what pg_rewind reads (the grants of
+    // migrations/0002_rewind.sql), not as the superuser.
+    let source = upstream.conninfo(passfile, Some("postgres"));
     binaries
         .run(
             "pg_rewind",

@@ -5,10 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// Name of the role replicas stream with.
-pub const REPLICATION_USER: &str = "streaming_replica";
+use super::tls::{Files, Transport};
+
+/// Name of the role replicas stream with (their client certificate's common name).
+pub const REPLICATION_USER: &str = crate::pki::REPLICATION_ROLE;
 
 /// The role an instance plays, and for a replica where its primary is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,10 +24,61 @@ pub enum Role {
 /// reconfigured.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Upstream {
+    /// The Service's address (or a name, outside a cluster).
     pub host: String,
     pub port: u16,
     /// Replication slot on the primary this replica streams from.
     pub slot: String,
+    /// The name the primary's certificate is verified for (the `-rw` Service's), and
+    /// the files to verify it with and to authenticate with, over TLS.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// How a replica reaches its primary over TLS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamTls {
+    pub server_name: String,
+    pub files: Files,
+}
+
+impl Upstream {
+    /// A libpq connection string to the primary as the replication role: streaming,
+    /// base backups, the slot, the timeline check and pg_rewind all connect with it
+    /// (`dbname` for the ones that are not replication connections). Over TLS the
+    /// role authenticates with its client certificate and the primary's certificate
+    /// is verified for the `-rw` Service's name, dialled at the Service's address
+    /// (libpq's `hostaddr`); without TLS with the password in `passfile`.
+    pub fn conninfo(&self, passfile: &Path, dbname: Option<&str>) -> String {
+        let mut parts: Vec<(&str, String)> = Vec::new();
+        match (&self.tls, self.host.parse::<std::net::IpAddr>()) {
+            (Some(tls), Ok(_)) => {
+                parts.push(("host", tls.server_name.clone()));
+                parts.push(("hostaddr", self.host.clone()));
+            }
+            _ => parts.push(("host", self.host.clone())),
+        }
+        parts.push(("port", self.port.to_string()));
+        parts.push(("user", REPLICATION_USER.to_owned()));
+        if let Some(dbname) = dbname {
+            parts.push(("dbname", dbname.to_owned()));
+        }
+        parts.push(("passfile", passfile.to_string_lossy().into_owned()));
+        match &self.tls {
+            Some(tls) => {
+                let path = |p: PathBuf| p.to_string_lossy().into_owned();
+                parts.push(("sslmode", "verify-full".to_owned()));
+                parts.push(("sslrootcert", path(tls.files.server_ca())));
+                parts.push(("sslcert", path(tls.files.client_cert())));
+                parts.push(("sslkey", path(tls.files.client_key())));
+            }
+            None => parts.push(("sslmode", "disable".to_owned())),
+        }
+        parts
+            .iter()
+            .map(|(key, value)| format!("{key}={}", conninfo_value(value)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 }
 
 /// Everything `castellan.conf` depends on.
@@ -57,6 +110,8 @@ pub struct Settings<'a> {
     /// While a restore replays its source's WAL: where to stop (the end of the archive
     /// without a target), after which the server promotes itself.
     pub recovery: Option<&'a RecoveryTarget>,
+    /// TLS, or plain TCP.
+    pub transport: &'a Transport,
 }
 
 /// Where a restore's recovery stops: at most one of the two.
@@ -128,17 +183,25 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
     for (name, value) in owned {
         let _ = writeln!(conf, "{name} = {value}");
     }
+    match settings.transport {
+        Transport::Tls(files) => {
+            let path = |p: PathBuf| quote(&p.to_string_lossy());
+            let _ = writeln!(conf, "ssl = on");
+            let _ = writeln!(conf, "ssl_cert_file = {}", path(files.server_cert()));
+            let _ = writeln!(conf, "ssl_key_file = {}", path(files.server_key()));
+            let _ = writeln!(conf, "ssl_ca_file = {}", path(files.client_ca()));
+        }
+        Transport::Plain => {
+            let _ = writeln!(conf, "ssl = off");
+        }
+    }
     if let Role::Replica(upstream) = settings.role {
         // connect_timeout: a connection to a frozen primary (its kernel still accepts
         // TCP) would otherwise wait forever, before wal_receiver_timeout applies, and
         // the replica would never try the new primary behind -rw.
         let conninfo = format!(
-            "host={} port={} user={} passfile={} application_name={} sslmode=disable \
-             connect_timeout=5",
-            conninfo_value(&upstream.host),
-            upstream.port,
-            REPLICATION_USER,
-            conninfo_value(&settings.passfile.to_string_lossy()),
+            "{} application_name={} connect_timeout=5",
+            upstream.conninfo(settings.passfile, None),
             conninfo_value(settings.instance_name),
         );
         let _ = writeln!(conf, "primary_conninfo = {}", quote(&conninfo));
@@ -160,19 +223,44 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
     conf
 }
 
-/// Renders `pg_hba.conf`: the local socket (in a directory only the instance's user
-/// can enter) is trusted; everything over TCP needs a SCRAM password; replication
-/// only as the replication role.
-pub fn render_pg_hba() -> String {
-    format!(
+/// Renders `pg_hba.conf`. The local socket (in a directory only the instance's user
+/// can enter) is trusted. Over TLS, the replication role authenticates with its client
+/// certificate (for streaming, and in the `postgres` database for pg_rewind and the
+/// timeline check) and everyone else with a SCRAM password; plain TCP is refused
+/// unless `allow_plaintext`. Without TLS (a build that cannot serve it, with plain
+/// text allowed) replication and clients use SCRAM passwords; an instance with
+/// neither accepts nothing over TCP. The first line that matches decides.
+pub fn render_pg_hba(transport: &Transport, allow_plaintext: bool) -> String {
+    let mut hba = String::from(
         "# Written by castellan instance; edits are lost.\n\
          local all all trust\n\
-         local replication all trust\n\
-         host replication {REPLICATION_USER} 0.0.0.0/0 scram-sha-256\n\
-         host replication {REPLICATION_USER} ::/0 scram-sha-256\n\
-         host all all 0.0.0.0/0 scram-sha-256\n\
-         host all all ::/0 scram-sha-256\n"
-    )
+         local replication all trust\n",
+    );
+    match transport {
+        Transport::Tls(_) => {
+            let _ = write!(
+                hba,
+                "hostssl replication {REPLICATION_USER} all cert\n\
+                 hostssl postgres {REPLICATION_USER} all cert\n\
+                 hostssl all {REPLICATION_USER} all reject\n\
+                 hostssl all all all scram-sha-256\n"
+            );
+            if allow_plaintext {
+                hba.push_str("hostnossl all all all scram-sha-256\n");
+            }
+        }
+        Transport::Plain if allow_plaintext => {
+            let _ = write!(
+                hba,
+                "host replication {REPLICATION_USER} all scram-sha-256\n\
+                 host all all all scram-sha-256\n"
+            );
+        }
+        Transport::Plain => {}
+    }
+    // Said explicitly, so that a refused client reads "pg_hba.conf rejects".
+    hba.push_str("host replication all all reject\nhost all all all reject\n");
+    hba
 }
 
 /// The `.pgpass` file libpq reads when this instance connects to its primary: the
@@ -206,7 +294,12 @@ mod tests {
             archive_command: "'/bin/castellan' wal-archive --socket '/run/a.sock' %p",
             restore_command: "'/bin/castellan' wal-restore --socket '/run/a.sock' %f %p",
             recovery: None,
+            transport: &Transport::Plain,
         }
+    }
+
+    fn tls_files() -> Files {
+        Files::new(PathBuf::from("/data/run/tls"))
     }
 
     #[test]
@@ -249,15 +342,74 @@ mod tests {
             host: "orders-rw.db.svc".to_owned(),
             port: 5432,
             slot: slot_name("orders-2"),
+            tls: None,
         });
         let conf = render_castellan_conf(&settings(&role, &BTreeMap::new()));
-        assert!(conf.contains(
-            "primary_conninfo = 'host=''orders-rw.db.svc'' port=5432 user=streaming_replica \
-             passfile=''/data/.pgpass'' application_name=''orders-2'' sslmode=disable \
-             connect_timeout=5'"
-        ));
+        assert!(
+            conf.contains(
+                "primary_conninfo = 'host=''orders-rw.db.svc'' port=''5432'' \
+                 user=''streaming_replica'' passfile=''/data/.pgpass'' sslmode=''disable'' \
+                 application_name=''orders-2'' connect_timeout=5'"
+            ),
+            "{conf}"
+        );
         assert!(conf.contains("primary_slot_name = 'castellan_orders_2'"));
         assert!(conf.contains("recovery_target_timeline = 'latest'"));
+        assert!(conf.contains("ssl = off\n"));
+    }
+
+    #[test]
+    fn over_tls_a_replica_verifies_the_service_name_at_its_address() {
+        let upstream = Upstream {
+            host: "10.96.0.7".to_owned(),
+            port: 5432,
+            slot: slot_name("orders-2"),
+            tls: Some(UpstreamTls {
+                server_name: "orders-rw.db.svc".to_owned(),
+                files: tls_files(),
+            }),
+        };
+        assert_eq!(
+            upstream.conninfo(Path::new("/data/.pgpass"), Some("postgres")),
+            "host='orders-rw.db.svc' hostaddr='10.96.0.7' port='5432' \
+             user='streaming_replica' dbname='postgres' passfile='/data/.pgpass' \
+             sslmode='verify-full' sslrootcert='/data/run/tls/server-ca.crt' \
+             sslcert='/data/run/tls/client.crt' sslkey='/data/run/tls/client.key'"
+        );
+        let transport = Transport::Tls(tls_files());
+        let role = Role::Replica(upstream);
+        let parameters = BTreeMap::new();
+        let conf = render_castellan_conf(&Settings {
+            transport: &transport,
+            ..settings(&role, &parameters)
+        });
+        assert!(conf.contains("ssl = on\n"), "{conf}");
+        assert!(conf.contains("ssl_cert_file = '/data/run/tls/server.crt'\n"));
+        assert!(conf.contains("ssl_key_file = '/data/run/tls/server.key'\n"));
+        assert!(
+            conf.contains("ssl_ca_file = '/data/run/tls/client-ca.crt'\n"),
+            "client certificates are checked against the replication CA"
+        );
+        assert!(conf.contains("sslmode=''verify-full''"));
+    }
+
+    #[test]
+    fn a_name_that_is_no_address_is_dialled_as_it_is() {
+        let upstream = Upstream {
+            host: "localhost".to_owned(),
+            port: 5433,
+            slot: slot_name("orders-2"),
+            tls: Some(UpstreamTls {
+                server_name: "orders-rw.db.svc".to_owned(),
+                files: tls_files(),
+            }),
+        };
+        let conninfo = upstream.conninfo(Path::new("/p"), None);
+        assert!(
+            conninfo.starts_with("host='localhost' port='5433'"),
+            "{conninfo}"
+        );
+        assert!(!conninfo.contains("hostaddr"));
     }
 
     #[test]
@@ -275,10 +427,75 @@ mod tests {
         );
     }
 
+    /// The method of the first line that matches a TCP connection (`ssl` or not) to
+    /// `database` as `user`, as PostgreSQL reads pg_hba.conf.
+    fn method(hba: &str, ssl: bool, database: &str, user: &str) -> String {
+        hba.lines()
+            .filter(|line| !line.starts_with('#'))
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .find(|f| {
+                let kind = match f[0] {
+                    "host" => true,
+                    "hostssl" => ssl,
+                    "hostnossl" => !ssl,
+                    _ => false,
+                };
+                let db = match f[1] {
+                    "all" => database != "replication",
+                    other => other == database,
+                };
+                kind && db && (f[2] == "all" || f[2] == user)
+            })
+            .map(|f| f[4].to_owned())
+            .unwrap_or_else(|| "none".to_owned())
+    }
+
     #[test]
-    fn hba_requires_passwords_over_tcp() {
-        let hba = render_pg_hba();
-        assert!(hba.contains("host all all 0.0.0.0/0 scram-sha-256"));
-        assert!(!hba.contains("host all all 0.0.0.0/0 trust"));
+    fn over_tls_replication_needs_its_certificate_and_plain_text_is_refused() {
+        let hba = render_pg_hba(&Transport::Tls(tls_files()), false);
+        assert_eq!(method(&hba, true, "replication", REPLICATION_USER), "cert");
+        assert_eq!(method(&hba, true, "postgres", REPLICATION_USER), "cert");
+        assert_eq!(method(&hba, true, "app", REPLICATION_USER), "reject");
+        assert_eq!(method(&hba, true, "app", "clerk"), "scram-sha-256");
+        assert_eq!(method(&hba, true, "replication", "clerk"), "reject");
+        assert_eq!(method(&hba, false, "app", "clerk"), "reject");
+        assert_eq!(
+            method(&hba, false, "replication", REPLICATION_USER),
+            "reject"
+        );
+        assert!(
+            hba.lines()
+                .filter(|line| line.starts_with("host"))
+                .all(|line| !line.ends_with("trust")),
+            "no TCP line trusts: {hba}"
+        );
+    }
+
+    #[test]
+    fn allowed_plain_text_takes_passwords_but_never_replication() {
+        let hba = render_pg_hba(&Transport::Tls(tls_files()), true);
+        assert_eq!(method(&hba, false, "app", "clerk"), "scram-sha-256");
+        assert_eq!(method(&hba, true, "app", "clerk"), "scram-sha-256");
+        assert_eq!(
+            method(&hba, false, "replication", REPLICATION_USER),
+            "reject"
+        );
+    }
+
+    #[test]
+    fn without_tls_only_allowed_plain_text_reaches_the_server() {
+        let allowed = render_pg_hba(&Transport::Plain, true);
+        assert_eq!(
+            method(&allowed, false, "replication", REPLICATION_USER),
+            "scram-sha-256"
+        );
+        assert_eq!(method(&allowed, false, "app", "clerk"), "scram-sha-256");
+        let refused = render_pg_hba(&Transport::Plain, false);
+        assert_eq!(method(&refused, false, "app", "clerk"), "reject");
+        assert_eq!(method(&refused, true, "app", "clerk"), "reject");
+        assert_eq!(
+            method(&refused, false, "replication", REPLICATION_USER),
+            "reject"
+        );
     }
 }

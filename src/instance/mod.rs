@@ -30,6 +30,7 @@ mod database;
 mod postmaster;
 mod restore;
 mod scram;
+mod tls;
 mod verify;
 
 use std::collections::BTreeMap;
@@ -143,6 +144,29 @@ pub struct InstanceArgs {
     /// `max_slot_wal_keep_size`: the most WAL a replication slot may hold back.
     #[arg(long, env = "CASTELLAN_MAX_SLOT_WAL_KEEP_SIZE", default_value = "1GB")]
     pub max_slot_wal_keep_size: String,
+    /// The mounted `<cluster>-server-tls` Secret (PostgreSQL's server certificate).
+    /// With `--replication-tls-dir`, PostgreSQL serves TLS; without them it does not.
+    #[arg(
+        long,
+        env = "CASTELLAN_SERVER_TLS_DIR",
+        requires = "replication_tls_dir"
+    )]
+    pub server_tls_dir: Option<PathBuf>,
+    /// The mounted `<cluster>-replication-tls` Secret (the replicas' client
+    /// certificate).
+    #[arg(
+        long,
+        env = "CASTELLAN_REPLICATION_TLS_DIR",
+        requires = "server_tls_dir"
+    )]
+    pub replication_tls_dir: Option<PathBuf>,
+    /// The name the primary's certificate is verified for: the `-rw` Service's.
+    #[arg(long, env = "CASTELLAN_UPSTREAM_SERVER_NAME")]
+    pub upstream_server_name: Option<String>,
+    /// Accept clients over plain TCP too (`spec.tls.allowPlaintext`; the operator
+    /// changes it by reload).
+    #[arg(long, env = "CASTELLAN_ALLOW_PLAINTEXT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_plaintext: bool,
 }
 
 /// A request from the HTTP API, carried out by the supervisor one at a time so that
@@ -156,6 +180,7 @@ pub enum Request {
         parameters: Option<BTreeMap<String, String>>,
         synchronous_standby_names: Option<String>,
         slots: Option<Vec<String>>,
+        allow_plaintext: Option<bool>,
     },
     Restore(Box<RestoreRequest>),
 }
@@ -179,6 +204,9 @@ pub struct Published {
     pub restoring: Option<String>,
     /// A scratch instance's verdict on the backup it restored.
     pub verification: Option<crate::instance_api::VerificationReport>,
+    /// Whether PostgreSQL serves TLS, and whether it takes plain TCP too.
+    pub tls: Option<bool>,
+    pub allow_plaintext: bool,
 }
 
 /// What the HTTP API and the heartbeat share with the supervisor.
@@ -220,12 +248,20 @@ impl Shared {
     }
 }
 
-/// Everything fixed for the life of the process.
+/// Everything fixed for the life of the process (but `allow_plaintext`).
 struct Instance {
     args: InstanceArgs,
     binaries: Binaries,
     socket_dir: PathBuf,
     passfile: PathBuf,
+    /// The mounted certificates and their private copies, when the pod has them.
+    certificates: Option<(tls::Mounted, tls::Files)>,
+    /// Whether the build can serve TLS (asked once, when there are certificates).
+    tls_supported: Option<bool>,
+    /// `spec.tls.allowPlaintext` as last sent. The one setting of the configuration
+    /// that is not a server parameter and still changes with the spec; an atomic so
+    /// that every file written reads the current value.
+    allow_plaintext: std::sync::atomic::AtomicBool,
 }
 
 /// The roles' passwords as the mounted Secret files hold them.
@@ -336,15 +372,60 @@ enum Holds {
 }
 
 impl Instance {
+    fn allows_plaintext(&self) -> bool {
+        self.allow_plaintext
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// TLS or plain TCP, or why the server must not run.
+    fn tls_decision(&self) -> tls::Decision {
+        tls::decide(
+            self.certificates.as_ref().map(|(_, files)| files.clone()),
+            self.tls_supported,
+            self.allows_plaintext(),
+        )
+    }
+
+    /// The transport the configuration is written for. A refused one is written as
+    /// plain TCP with nothing allowed over it (`render_pg_hba`), and the server is not
+    /// started anyway.
+    fn transport(&self) -> tls::Transport {
+        match self.tls_decision() {
+            tls::Decision::Run(transport) => transport,
+            tls::Decision::Refuse(_) => tls::Transport::Plain,
+        }
+    }
+
     fn upstream(&self) -> anyhow::Result<Upstream> {
         let host = self.args.upstream_host.clone().context(
             "a replica needs --upstream-host (the cluster's -rw Service) to follow its primary",
         )?;
+        let tls = match self.transport() {
+            tls::Transport::Tls(files) => Some(config::UpstreamTls {
+                server_name: self.args.upstream_server_name.clone().context(
+                    "a replica over TLS needs --upstream-server-name (the -rw Service's name) \
+                     to verify its primary's certificate",
+                )?,
+                files,
+            }),
+            tls::Transport::Plain => None,
+        };
         Ok(Upstream {
             host,
             port: self.args.upstream_port,
             slot: slot_name(&self.args.instance_name),
+            tls,
         })
+    }
+
+    /// Copies renewed certificates from the mounted Secrets; whether any changed.
+    async fn install_certificates(&self) -> anyhow::Result<bool> {
+        let Some((mounted, files)) = &self.certificates else {
+            return Ok(false);
+        };
+        tls::install(mounted, files)
+            .await
+            .context("copying the mounted TLS certificates")
     }
 
     /// The marker that keeps a fenced instance stopped across restarts: beside the
@@ -412,7 +493,12 @@ impl Instance {
             archive_command: &archive_command,
             restore_command: &restore_command,
             recovery,
+            transport: &self.transport(),
         })
+    }
+
+    fn pg_hba(&self) -> String {
+        config::render_pg_hba(&self.transport(), self.allows_plaintext())
     }
 
     /// Fills an empty volume as the operator allows: initdb for a cluster that never
@@ -533,6 +619,7 @@ impl Instance {
         bootstrap::write_role_files(
             &self.args.data_dir,
             &self.conf(role, parameters, sync_names, None),
+            &self.pg_hba(),
             role,
         )
         .await
@@ -598,9 +685,10 @@ impl Instance {
     /// now (a restored primary's are its source's; a Secret may have been rotated while
     /// the server was down) and the application's database, all idempotent.
     async fn prepare_primary(&self, pool: &PgPool) -> anyhow::Result<()> {
-        database::migrate(pool).await?;
+        // Roles first: a migration grants to the replication role.
         let passwords = self.read_passwords().await?;
         self.set_passwords(pool, &passwords, None).await?;
+        database::migrate(pool).await?;
         if self.args.app_password_file.is_some() {
             database::ensure_database(pool, &self.args.app_database, &self.args.app_owner).await?;
         }
@@ -666,6 +754,10 @@ impl Supervisor {
         if self.fenced || self.rejoin {
             return false;
         }
+        // Never plain text the cluster does not allow (`tls::decide`).
+        if matches!(self.instance.tls_decision(), tls::Decision::Refuse(_)) {
+            return false;
+        }
         match &self.role {
             None => false,
             Some(Role::Primary) => self.lease_held(),
@@ -717,16 +809,43 @@ impl Supervisor {
         } else {
             self.role.as_ref().map(running_role)
         };
+        let (tls, refusal) = match self.instance.tls_decision() {
+            tls::Decision::Run(tls::Transport::Tls(_)) => (Some(true), None),
+            tls::Decision::Run(tls::Transport::Plain) => (Some(false), None),
+            tls::Decision::Refuse(reason) => (Some(false), Some(reason)),
+        };
         self.publish.send_replace(Published {
             role,
             running: self.postmaster.is_some(),
             fenced: self.fenced,
-            problem: self.problem.clone(),
+            problem: self.problem.clone().or(refusal),
             parameters: self.parameters.clone(),
             refused_parameters: self.refused_parameters.clone(),
             restoring: self.restoring.clone(),
             verification: self.verification.clone(),
+            tls,
+            allow_plaintext: self.instance.allows_plaintext(),
         });
+    }
+
+    /// A renewed certificate (the operator re-issues one in the last third of its
+    /// life, or when the CA changed): the copies follow the mounted Secrets, and a
+    /// running server reloads to serve it. A replica's WAL receiver reads its client
+    /// certificate at its next connection.
+    async fn follow_certificates(&mut self) {
+        match self.instance.install_certificates().await {
+            Ok(false) => {}
+            Ok(true) if self.postmaster.is_some() => match database::reload(&self.pool).await {
+                Ok(()) => tracing::info!("the TLS certificates changed: reloaded PostgreSQL"),
+                Err(error) => {
+                    tracing::warn!(%error, "the TLS certificates changed but PostgreSQL could not be reloaded")
+                }
+            },
+            Ok(true) => tracing::info!("installed the TLS certificates"),
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "following the TLS certificates")
+            }
+        }
     }
 
     /// Waits before trying again after a failure. The failure is logged, not reported
@@ -742,6 +861,7 @@ impl Supervisor {
     /// former primary once it is stopped.
     async fn settle(&mut self) {
         self.follow_passwords().await;
+        self.follow_certificates().await;
         if Instant::now() < self.not_before {
             return;
         }
@@ -865,8 +985,14 @@ impl Supervisor {
                 parameters,
                 synchronous_standby_names,
                 slots,
+                allow_plaintext,
             } => self
-                .reload(parameters, synchronous_standby_names, slots)
+                .reload(
+                    parameters,
+                    synchronous_standby_names,
+                    slots,
+                    allow_plaintext,
+                )
                 .await
                 .map(to_json),
             Request::Restore(request) => self.accept_restore(*request),
@@ -948,7 +1074,7 @@ impl Supervisor {
             lsn: request.target_lsn.clone(),
         };
         let conf = instance.conf(&Role::Primary, &self.parameters, "", Some(&target));
-        bootstrap::write_role_files(&data_dir, &conf, &Role::Primary).await?;
+        bootstrap::write_role_files(&data_dir, &conf, &instance.pg_hba(), &Role::Primary).await?;
         bootstrap::write_private(&data_dir.join("recovery.signal"), "").await?;
         self.shared
             .archive
@@ -1166,7 +1292,19 @@ impl Supervisor {
         parameters: Option<BTreeMap<String, String>>,
         sync_names: Option<String>,
         slots: Option<Vec<String>>,
+        allow_plaintext: Option<bool>,
     ) -> Result<ReloadResponse, String> {
+        if let Some(allow) = allow_plaintext
+            && allow != self.instance.allows_plaintext()
+        {
+            tracing::info!(
+                allow,
+                "plain TCP connections follow spec.tls.allowPlaintext"
+            );
+            self.instance
+                .allow_plaintext
+                .store(allow, std::sync::atomic::Ordering::Relaxed);
+        }
         // New parameters are written only once PostgreSQL has accepted them; refused,
         // the last good ones stay in force and the refusal is reported.
         if let Some(p) = parameters {
@@ -1253,14 +1391,42 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         .context("parsing --parameters as a JSON object of strings")?;
     let sync_names = args.synchronous_standby_names.clone();
 
+    let binaries = Binaries {
+        bin_dir: args.pg_bin_dir.clone(),
+    };
+    let certificates = match (&args.server_tls_dir, &args.replication_tls_dir) {
+        (Some(server), Some(replication)) => Some((
+            tls::Mounted {
+                server: server.clone(),
+                replication: replication.clone(),
+            },
+            tls::Files::new(socket_dir.join("tls")),
+        )),
+        _ => None,
+    };
+    // Asked once: the binaries do not change under a running manager.
+    let tls_supported = match &certificates {
+        Some(_) => Some(
+            tls::supported(&binaries, &socket_dir.join("tls-probe"))
+                .await
+                .context("asking PostgreSQL whether it can serve TLS (postgres -C ssl_library)")?,
+        ),
+        None => None,
+    };
     let instance = Arc::new(Instance {
-        binaries: Binaries {
-            bin_dir: args.pg_bin_dir.clone(),
-        },
+        binaries,
         socket_dir: socket_dir.clone(),
         passfile,
+        certificates,
+        tls_supported,
+        allow_plaintext: std::sync::atomic::AtomicBool::new(args.allow_plaintext),
         args,
     });
+    if let tls::Decision::Refuse(reason) = instance.tls_decision() {
+        tracing::error!("{reason}");
+    }
+    // Before a base backup, which authenticates with the client certificate.
+    instance.install_certificates().await?;
     let passwords = instance.read_passwords().await?;
     instance.write_passfile(&passwords).await?;
     let pool = database::connect(&socket_dir, instance.args.port, "postgres");

@@ -45,6 +45,11 @@ const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 const SECRETS_MOUNT: &str = "/etc/castellan/secrets";
 /// Suffix of the Secret with the instance API's certificate (`<cluster>-instance-tls`).
 pub const INSTANCE_TLS: &str = "instance-tls";
+/// Suffix of the Secret with PostgreSQL's server certificate (`<cluster>-server-tls`).
+pub const SERVER_TLS: &str = "server-tls";
+/// Suffix of the Secret with the replicas' client certificate
+/// (`<cluster>-replication-tls`).
+pub const REPLICATION_TLS: &str = "replication-tls";
 
 /// What the operator knows that the spec does not say.
 #[derive(Clone, Debug)]
@@ -97,6 +102,9 @@ pub fn service_name(cluster: &DatabaseCluster, suffix: &str) -> String {
     format!("{}-{suffix}", name(cluster))
 }
 
+/// The label selector of everything Castellan makes (`app.kubernetes.io/managed-by`).
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=castellan";
+
 fn labels(cluster: &DatabaseCluster, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (CLUSTER_LABEL.to_owned(), name(cluster)),
@@ -134,6 +142,7 @@ pub fn secrets(
     superuser: &str,
     replication: &str,
     app: &str,
+    ca_pem: &str,
 ) -> Vec<Secret> {
     let (database, owner) = application(cluster);
     let host = app_host(cluster);
@@ -171,6 +180,8 @@ pub fn secrets(
                 ("host", host),
                 ("port", POSTGRES_PORT.to_string()),
                 ("uri", app_uri(cluster, app)),
+                // What a client verifies the server's certificate with.
+                ("ca.crt", ca_pem.to_owned()),
             ],
         ),
     ]
@@ -196,24 +207,28 @@ pub fn app_uri(cluster: &DatabaseCluster, password: &str) -> String {
             other => format!("%{other:02X}"),
         })
         .collect();
-    format!("postgresql://{owner}:{encoded}@{host}:{POSTGRES_PORT}/{database}")
+    // verify-full: the server's certificate names the -rw Service (and the others);
+    // the client verifies it with the CA in the Secret's `ca.crt` (libpq:
+    // `sslrootcert`, or PGSSLROOTCERT).
+    format!("postgresql://{owner}:{encoded}@{host}:{POSTGRES_PORT}/{database}?sslmode=verify-full")
 }
 
 /// The instance API's Secret, in the layout of a `kubernetes.io/tls` Secret: `tls.crt`
 /// and `tls.key` (the cluster's server certificate) and `ca.crt` (the CA whose client
 /// certificates may call the API). Issued by the operator, renewed when it runs out.
-pub fn instance_tls_secret(cluster: &DatabaseCluster, ca_pem: &str, issued: &Issued) -> Secret {
+pub fn tls_secret(
+    cluster: &DatabaseCluster,
+    suffix: &str,
+    ca_pem: &str,
+    issued: &Issued,
+) -> Secret {
     let data = [
         ("ca.crt", ca_pem),
         ("tls.crt", issued.cert_pem.as_str()),
         ("tls.key", issued.key_pem.as_str()),
     ];
     Secret {
-        metadata: metadata(
-            cluster,
-            secret_name(cluster, INSTANCE_TLS),
-            labels(cluster, &[]),
-        ),
+        metadata: metadata(cluster, secret_name(cluster, suffix), labels(cluster, &[])),
         type_: Some("kubernetes.io/tls".to_owned()),
         data: Some(
             data.into_iter()
@@ -611,6 +626,25 @@ pub fn pod(
                     "CASTELLAN_TLS_CA_FILE",
                     format!("{SECRETS_MOUNT}/{INSTANCE_TLS}/ca.crt"),
                 ),
+                env(
+                    "CASTELLAN_SERVER_TLS_DIR",
+                    format!("{SECRETS_MOUNT}/{SERVER_TLS}"),
+                ),
+                env(
+                    "CASTELLAN_REPLICATION_TLS_DIR",
+                    format!("{SECRETS_MOUNT}/{REPLICATION_TLS}"),
+                ),
+                env(
+                    "CASTELLAN_UPSTREAM_SERVER_NAME",
+                    crate::pki::postgres_server_name(
+                        &name(cluster),
+                        &cluster.namespace().unwrap_or_else(|| "default".to_owned()),
+                    ),
+                ),
+                env(
+                    "CASTELLAN_ALLOW_PLAINTEXT",
+                    cluster.spec.allows_plaintext().to_string(),
+                ),
             ]
             .into_iter()
             .chain(
@@ -687,6 +721,8 @@ pub fn pod(
             secret_mount("replication"),
             secret_mount("app"),
             secret_mount(INSTANCE_TLS),
+            secret_mount(SERVER_TLS),
+            secret_mount(REPLICATION_TLS),
         ]),
         ..Container::default()
     };
@@ -749,6 +785,8 @@ pub fn pod(
                 secret_volume("replication"),
                 secret_volume("app"),
                 secret_volume(INSTANCE_TLS),
+                secret_volume(SERVER_TLS),
+                secret_volume(REPLICATION_TLS),
             ]),
             ..PodSpec::default()
         }),
@@ -770,7 +808,7 @@ mod tests {
         );
         assert_eq!(
             app_uri(&cluster, "n3w:p@ss/word~"),
-            "postgresql://clerk:n3w%3Ap%40ss%2Fword~@orders-rw.shop.svc:5432/shop"
+            "postgresql://clerk:n3w%3Ap%40ss%2Fword~@orders-rw.shop.svc:5432/shop?sslmode=verify-full"
         );
     }
 
@@ -1023,8 +1061,45 @@ mod tests {
     }
 
     #[test]
+    fn everything_a_cluster_owns_is_selected_by_the_operators_watches() {
+        let cluster = three_sync();
+        let ca = crate::pki::Authority::generate(std::time::SystemTime::now()).expect("a CA");
+        let issued = ca
+            .issue_postgres_server("orders", "shop", std::time::SystemTime::now())
+            .expect("issued");
+        let mut owned: Vec<ObjectMeta> = Vec::new();
+        owned.extend(
+            secrets(&cluster, "s", "r", "a", ca.cert_pem())
+                .into_iter()
+                .map(|o| o.metadata),
+        );
+        for suffix in [INSTANCE_TLS, SERVER_TLS, REPLICATION_TLS] {
+            owned.push(tls_secret(&cluster, suffix, ca.cert_pem(), &issued).metadata);
+        }
+        owned.extend(services(&cluster).into_iter().map(|o| o.metadata));
+        owned.extend(disruption_budgets(&cluster).into_iter().map(|o| o.metadata));
+        owned.push(network_policy(&cluster).metadata);
+        owned.push(volume_claim(&cluster, 1).metadata);
+        owned.push(pod(&cluster, 1, StartRole::Primary, "", true, &settings()).metadata);
+        let (claim, scratch_pod) = scratch(&cluster, "first", "orders-verify-1", &settings());
+        owned.extend([claim.metadata, scratch_pod.metadata]);
+        let (key, value) = MANAGED_SELECTOR.split_once('=').expect("key=value");
+        for meta in owned {
+            assert_eq!(
+                meta.labels
+                    .as_ref()
+                    .and_then(|l| l.get(key))
+                    .map(String::as_str),
+                Some(value),
+                "{:?} would be invisible to the operator's watch",
+                meta.name
+            );
+        }
+    }
+
+    #[test]
     fn the_app_secret_holds_a_connection_uri() {
-        let secrets = secrets(&three_sync(), "s", "r", "pw");
+        let secrets = secrets(&three_sync(), "s", "r", "pw", "the CA");
         let app = secrets
             .iter()
             .find(|s| s.metadata.name.as_deref() == Some("orders-app"))
@@ -1032,9 +1107,14 @@ mod tests {
         let data = app.data.as_ref().expect("data");
         assert_eq!(
             data["uri"].0,
-            b"postgresql://clerk:pw@orders-rw.shop.svc:5432/orders".to_vec()
+            b"postgresql://clerk:pw@orders-rw.shop.svc:5432/orders?sslmode=verify-full".to_vec()
         );
         assert_eq!(data["username"].0, b"clerk".to_vec());
+        assert_eq!(
+            data["ca.crt"].0,
+            b"the CA".to_vec(),
+            "clients verify the server with it"
+        );
     }
 
     #[test]
@@ -1084,6 +1164,36 @@ mod tests {
             Some(r#"{"max_connections":"150"}"#)
         );
         assert_eq!(env["CASTELLAN_APP_OWNER"].as_deref(), Some("clerk"));
+        assert_eq!(
+            env["CASTELLAN_UPSTREAM_SERVER_NAME"].as_deref(),
+            Some("orders-rw.shop.svc"),
+            "replicas verify the primary's certificate for the -rw Service's name"
+        );
+        assert_eq!(
+            env["CASTELLAN_SERVER_TLS_DIR"].as_deref(),
+            Some("/etc/castellan/secrets/server-tls")
+        );
+        assert_eq!(
+            env["CASTELLAN_REPLICATION_TLS_DIR"].as_deref(),
+            Some("/etc/castellan/secrets/replication-tls")
+        );
+        assert_eq!(
+            env["CASTELLAN_ALLOW_PLAINTEXT"].as_deref(),
+            Some("false"),
+            "TLS only unless spec.tls.allowPlaintext"
+        );
+        let mounted: Vec<&str> = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        for path in [
+            "/etc/castellan/secrets/server-tls",
+            "/etc/castellan/secrets/replication-tls",
+        ] {
+            assert!(mounted.contains(&path), "{path} in {mounted:?}");
+        }
         assert_eq!(
             env["POD_IP"], None,
             "the pod IP comes from the downward API"
@@ -1172,7 +1282,7 @@ mod tests {
         let issued = ca
             .issue_server("orders", "shop", std::time::SystemTime::now())
             .expect("a certificate");
-        let secret = instance_tls_secret(&three_sync(), ca.cert_pem(), &issued);
+        let secret = tls_secret(&three_sync(), INSTANCE_TLS, ca.cert_pem(), &issued);
         assert_eq!(secret.metadata.name.as_deref(), Some("orders-instance-tls"));
         assert_eq!(secret.metadata.namespace.as_deref(), Some("shop"));
         assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));

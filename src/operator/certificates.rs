@@ -4,9 +4,11 @@
 //!   (`kubernetes.io/tls`: `tls.crt`, `tls.key`), made by the first operator that finds
 //!   none and never rewritten: two replicas racing to make it end with the one the API
 //!   server stored first;
-//! - each cluster's instance certificate in `<cluster>-instance-tls` beside the
-//!   cluster, owned by it, made once and issued again only when it is no longer right
-//!   (a third of its life left, or signed by a CA that is no longer the CA).
+//! - each cluster's certificates beside the cluster, owned by it: the instance API's
+//!   (`<cluster>-instance-tls`), PostgreSQL's server certificate (`<cluster>-server-tls`)
+//!   and the replicas' client certificate (`<cluster>-replication-tls`), each made once
+//!   and issued again only when it is no longer right (a third of its life left, or
+//!   signed by a CA that is no longer the CA).
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -22,7 +24,7 @@ use rustls::pki_types::pem::PemObject;
 
 use super::build;
 use super::cluster::Note;
-use crate::pki::{self, Authority, PkiError, Standing};
+use crate::pki::{self, Authority, Issued, PkiError, Standing};
 
 /// The CA's Secret, in the operator's namespace.
 pub const CA_SECRET: &str = "castellan-ca";
@@ -34,14 +36,22 @@ pub enum Error {
     #[error("{what}: {source}")]
     Pki { what: String, source: PkiError },
     #[error(
-        "the CA Secret {namespace}/{CA_SECRET} has no {key}; Castellan never overwrites it: \
-         restore it, or delete it to have a new CA made (every instance certificate is \
-         then issued again)"
+        "the CA Secret {namespace}/{secret} has no {key}; Castellan never overwrites it: \
+         restore it, or (for Castellan's own CA) delete it to have a new CA made (every \
+         certificate is then issued again)"
     )]
     Incomplete {
         namespace: String,
+        secret: String,
         key: &'static str,
     },
+    #[error(
+        "the CA Secret {namespace}/{secret} named by --ca-secret does not exist; Castellan \
+         never makes a CA in a Secret the user names: create it (kubernetes.io/tls with \
+         tls.crt and tls.key of a CA certificate), or leave --ca-secret out to have \
+         Castellan keep its own in {CA_SECRET}"
+    )]
+    UserCaMissing { namespace: String, secret: String },
 }
 
 fn kube_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -60,15 +70,17 @@ fn text(data: &BTreeMap<String, ByteString>, key: &str) -> Option<String> {
 }
 
 fn read_authority(secret: &Secret, namespace: &str) -> Result<Authority, Error> {
+    let name = secret.name_any();
     let data = secret.data.clone().unwrap_or_default();
     let field = |key: &'static str| {
         text(&data, key).ok_or_else(|| Error::Incomplete {
             namespace: namespace.to_owned(),
+            secret: name.clone(),
             key,
         })
     };
     Authority::from_pem(&field("tls.crt")?, &field("tls.key")?).map_err(pki_error(format!(
-        "reading the CA from Secret {namespace}/{CA_SECRET}"
+        "reading the CA from Secret {namespace}/{name}"
     )))
 }
 
@@ -98,10 +110,29 @@ fn ca_secret(authority: &Authority, namespace: &str) -> Secret {
     }
 }
 
-/// The CA of this installation: read from its Secret, or made and stored if there is
-/// none.
-pub async fn ensure_authority(client: &Client, namespace: &str) -> Result<Authority, Error> {
+/// The CA of this installation: the one the user brings in `user_secret` (read, never
+/// written), or Castellan's own, read from `castellan-ca` or made and stored there if
+/// there is none.
+pub async fn ensure_authority(
+    client: &Client,
+    namespace: &str,
+    user_secret: Option<&str>,
+) -> Result<Authority, Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    if let Some(user_secret) = user_secret {
+        let found = secrets
+            .get_opt(user_secret)
+            .await
+            .map_err(kube_error(format!(
+                "reading Secret {namespace}/{user_secret}"
+            )))?
+            .ok_or_else(|| Error::UserCaMissing {
+                namespace: namespace.to_owned(),
+                secret: user_secret.to_owned(),
+            })?;
+        tracing::info!(secret = %format!("{namespace}/{user_secret}"), "using the CA the user brings");
+        return read_authority(&found, namespace);
+    }
     let reading = format!("reading Secret {namespace}/{CA_SECRET}");
     if let Some(found) = secrets
         .get_opt(CA_SECRET)
@@ -170,31 +201,88 @@ fn reissue_reason(
     }
 }
 
-/// Makes sure the cluster's instances have a current certificate in their Secret
-/// before any pod mounts it; returns the Event to record when one was written.
-pub async fn ensure_instance_tls(
+/// The certificates a cluster's pods mount, each in a Secret of its own beside the
+/// cluster (`<cluster>-<suffix>`, `kubernetes.io/tls`: `ca.crt`, `tls.crt`, `tls.key`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterCertificate {
+    /// The instance API's server certificate.
+    Instance,
+    /// PostgreSQL's server certificate, for the Services' names.
+    Postgres,
+    /// The replicas' client certificate (`CN=streaming_replica`).
+    Replication,
+}
+
+impl ClusterCertificate {
+    pub const ALL: [Self; 3] = [Self::Instance, Self::Postgres, Self::Replication];
+
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Instance => build::INSTANCE_TLS,
+            Self::Postgres => build::SERVER_TLS,
+            Self::Replication => build::REPLICATION_TLS,
+        }
+    }
+
+    /// The DNS name the certificate must carry.
+    fn expected_name(self, cluster: &str, namespace: &str) -> String {
+        match self {
+            Self::Instance => pki::server_name(cluster, namespace),
+            Self::Postgres => pki::postgres_server_name(cluster, namespace),
+            Self::Replication => pki::replication_name(cluster, namespace),
+        }
+    }
+
+    fn issue(
+        self,
+        authority: &Authority,
+        cluster: &str,
+        namespace: &str,
+        now: SystemTime,
+    ) -> Result<Issued, PkiError> {
+        match self {
+            Self::Instance => authority.issue_server(cluster, namespace, now),
+            Self::Postgres => authority.issue_postgres_server(cluster, namespace, now),
+            Self::Replication => authority.issue_replication(cluster, namespace, now),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Instance => "the instance API's certificate",
+            Self::Postgres => "PostgreSQL's server certificate",
+            Self::Replication => "the replication client certificate",
+        }
+    }
+}
+
+/// Makes sure the cluster's pods have a current certificate of kind `which` in its
+/// Secret before any pod mounts it; returns the Event to record when one was written.
+pub async fn ensure_certificate(
     client: &Client,
     cluster: &DatabaseCluster,
     authority: &Authority,
+    which: ClusterCertificate,
 ) -> Result<Option<Note>, Error> {
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let name = build::secret_name(cluster, build::INSTANCE_TLS);
+    let name = build::secret_name(cluster, which.suffix());
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let existing = secrets
         .get_opt(&name)
         .await
         .map_err(kube_error(format!("reading Secret {namespace}/{name}")))?;
-    let server_name = pki::server_name(&cluster.name_any(), &namespace);
+    let expected = which.expected_name(&cluster.name_any(), &namespace);
     let now = SystemTime::now();
-    let Some(reason) = reissue_reason(existing.as_ref(), authority, &server_name, now) else {
+    let Some(reason) = reissue_reason(existing.as_ref(), authority, &expected, now) else {
         return Ok(None);
     };
-    let issued = authority
-        .issue_server(&cluster.name_any(), &namespace, now)
+    let issued = which
+        .issue(authority, &cluster.name_any(), &namespace, now)
         .map_err(pki_error(format!(
-            "issuing the certificate for {server_name}"
+            "issuing {} for {expected}",
+            which.describe()
         )))?;
-    let mut secret = build::instance_tls_secret(cluster, authority.cert_pem(), &issued);
+    let mut secret = build::tls_secret(cluster, which.suffix(), authority.cert_pem(), &issued);
     let expires = k8s_openapi::jiff::Timestamp::try_from(issued.not_after)
         .map(|t| t.to_string())
         .unwrap_or_else(|_| "?".to_owned());
@@ -219,11 +307,12 @@ pub async fn ensure_instance_tls(
             });
         }
     }
-    tracing::info!(secret = %name, %reason, %expires, "issued the instance certificate");
+    tracing::info!(secret = %name, %reason, %expires, "issued {}", which.describe());
     Ok(Some(Note::normal(
         "IssuedCertificate",
         format!(
-            "issued the instances' certificate for {server_name} into Secret {name}, valid until {expires} ({reason})"
+            "issued {} for {expected} into Secret {name}, valid until {expires} ({reason})",
+            which.describe()
         ),
     )))
 }
@@ -293,7 +382,8 @@ mod tests {
         assert_eq!(stored.type_.as_deref(), Some("kubernetes.io/tls"));
         let read = read_authority(&stored, "castellan-system").expect("reads back");
         assert_eq!(read.cert_der(), ca.cert_der());
-        let broken = secret(&[("tls.crt", ca.cert_pem())]);
+        let mut broken = secret(&[("tls.crt", ca.cert_pem())]);
+        broken.metadata.name = Some(CA_SECRET.to_owned());
         assert!(matches!(
             read_authority(&broken, "castellan-system"),
             Err(Error::Incomplete { key: "tls.key", .. })

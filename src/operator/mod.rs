@@ -61,6 +61,12 @@ pub struct OperatorArgs {
     /// The operator's own namespace: its leader Lease and the CA Secret `castellan-ca`.
     #[arg(long, env = "POD_NAMESPACE", default_value = "castellan-system")]
     pub namespace: String,
+    /// A CA the user brings instead of Castellan's own: a `kubernetes.io/tls` Secret in
+    /// the operator's namespace with `tls.crt` and `tls.key` of a CA certificate (for
+    /// example one cert-manager made for a `Certificate` with `isCA: true`). Castellan
+    /// reads it and never writes it.
+    #[arg(long, env = "CASTELLAN_CA_SECRET")]
+    pub ca_secret: Option<String>,
     /// This replica's name in the leader Lease; the pod name in a cluster.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
@@ -108,7 +114,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .store(1, std::sync::atomic::Ordering::Relaxed);
     // The CA, and the operator's client certificate for the instance API from it.
     let authority = Arc::new(
-        certificates::ensure_authority(&client, &args.namespace)
+        certificates::ensure_authority(&client, &args.namespace, args.ca_secret.as_deref())
             .await
             .context("setting up Castellan's CA")?,
     );
@@ -171,23 +177,11 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     tokio::spawn(stop_deleted(controller.store(), context.clone()));
     let controller = async {
         controller
-            .owns(watched::<Pod>(&client, &args), watcher::Config::default())
-            .owns(
-                watched::<Service>(&client, &args),
-                watcher::Config::default(),
-            )
-            .owns(
-                watched::<Secret>(&client, &args),
-                watcher::Config::default(),
-            )
-            .owns(
-                watched::<PersistentVolumeClaim>(&client, &args),
-                watcher::Config::default(),
-            )
-            .owns(
-                watched::<PodDisruptionBudget>(&client, &args),
-                watcher::Config::default(),
-            )
+            .owns(watched::<Pod>(&client, &args), owned())
+            .owns(watched::<Service>(&client, &args), owned())
+            .owns(watched::<Secret>(&client, &args), owned())
+            .owns(watched::<PersistentVolumeClaim>(&client, &args), owned())
+            .owns(watched::<PodDisruptionBudget>(&client, &args), owned())
             // A node that is cordoned or turns NotReady concerns whichever cluster has
             // an instance there; such changes are rare, so every cluster is reconciled.
             .reconcile_all_on(node_changes(Api::all(client.clone()), nodes_writer))
@@ -216,6 +210,14 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .context("stopping the actor system")?;
     leader::release(client, &args.namespace, LEASE, &identity).await;
     Ok(())
+}
+
+/// The watch of objects a cluster owns: only those Castellan labelled as its own
+/// (every object `build` makes carries the label), so that the API server sends the
+/// operator nothing of other programs' Secrets, pods or Services, not even their
+/// metadata (`owns` watches metadata only).
+fn owned() -> watcher::Config {
+    watcher::Config::default().labels(build::MANAGED_SELECTOR)
 }
 
 /// The API of `K` in the watched namespace, or in all of them.

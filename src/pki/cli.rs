@@ -5,7 +5,7 @@
 //!
 //! Every directory has the layout of the Secret it stands for: a CA directory holds
 //! `tls.crt` and `tls.key` (as `castellan-ca`), an issued one `ca.crt`, `tls.crt` and
-//! `tls.key` (as `<cluster>-instance-tls`). Existing files are never overwritten.
+//! `tls.key` (as `<cluster>-instance-tls`, `-server-tls`, `-replication-tls`). Existing files are never overwritten.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -29,18 +29,15 @@ enum PkiCommand {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
-    /// Issue the server certificate of a cluster's instances into DIR.
-    Instance {
-        /// Directory of the CA (tls.crt, tls.key).
-        #[arg(long, value_name = "DIR")]
-        ca: PathBuf,
-        #[arg(long)]
-        cluster: String,
-        #[arg(long)]
-        namespace: String,
-        #[arg(long, value_name = "DIR")]
-        out: PathBuf,
-    },
+    /// Issue the server certificate of a cluster's instances into DIR (as
+    /// `<cluster>-instance-tls`).
+    Instance(ClusterCertificate),
+    /// Issue PostgreSQL's server certificate of a cluster into DIR (as
+    /// `<cluster>-server-tls`).
+    Postgres(ClusterCertificate),
+    /// Issue a cluster's replication client certificate into DIR (as
+    /// `<cluster>-replication-tls`).
+    Replication(ClusterCertificate),
     /// Issue an operator client certificate into DIR.
     Operator {
         /// Directory of the CA (tls.crt, tls.key).
@@ -49,6 +46,28 @@ enum PkiCommand {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
+}
+
+/// Which cluster a certificate is issued for, by which CA, into which directory.
+#[derive(Debug, clap::Args)]
+struct ClusterCertificate {
+    /// Directory of the CA (tls.crt, tls.key).
+    #[arg(long, value_name = "DIR")]
+    ca: PathBuf,
+    #[arg(long)]
+    cluster: String,
+    #[arg(long)]
+    namespace: String,
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+}
+
+type IssueFor = fn(&Authority, &str, &str, SystemTime) -> Result<Issued, super::PkiError>;
+
+fn issue_for(args: &ClusterCertificate, issue: IssueFor, now: SystemTime) -> anyhow::Result<()> {
+    let ca = read_ca(&args.ca)?;
+    let issued = issue(&ca, &args.cluster, &args.namespace, now)?;
+    write_issued(&args.out, &ca, &issued)
 }
 
 /// Writes a file that must not exist yet, readable by its owner only if `private`.
@@ -89,16 +108,9 @@ pub fn run(args: PkiArgs) -> anyhow::Result<()> {
             write_new(&out, "tls.crt", ca.cert_pem(), false)?;
             write_new(&out, "tls.key", ca.key_pem(), true)
         }
-        PkiCommand::Instance {
-            ca,
-            cluster,
-            namespace,
-            out,
-        } => {
-            let ca = read_ca(&ca)?;
-            let issued = ca.issue_server(&cluster, &namespace, now)?;
-            write_issued(&out, &ca, &issued)
-        }
+        PkiCommand::Instance(args) => issue_for(&args, Authority::issue_server, now),
+        PkiCommand::Postgres(args) => issue_for(&args, Authority::issue_postgres_server, now),
+        PkiCommand::Replication(args) => issue_for(&args, Authority::issue_replication, now),
         PkiCommand::Operator { ca, out } => {
             let ca = read_ca(&ca)?;
             let issued = ca.issue_operator(now)?;

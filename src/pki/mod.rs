@@ -79,6 +79,40 @@ pub fn server_name(cluster: &str, namespace: &str) -> String {
     format!("{cluster}.{namespace}.{INSTANCE_DOMAIN}")
 }
 
+/// The role replicas stream as; their client certificate's common name.
+pub const REPLICATION_ROLE: &str = "streaming_replica";
+
+/// The name PostgreSQL's server certificate is verified by (by replicas, and by
+/// clients using the application Secret's `uri`): the `-rw` Service's.
+pub fn postgres_server_name(cluster: &str, namespace: &str) -> String {
+    format!("{cluster}-rw.{namespace}.svc")
+}
+
+/// Every name a client may reach a cluster's PostgreSQL by: the `-rw`, `-ro` and `-r`
+/// Services, short, namespaced and fully qualified. The `-rw` one with `.svc` first.
+pub fn postgres_server_names(cluster: &str, namespace: &str) -> Vec<String> {
+    let mut names = vec![postgres_server_name(cluster, namespace)];
+    for service in ["rw", "ro", "r"] {
+        let base = format!("{cluster}-{service}");
+        for name in [
+            base.clone(),
+            format!("{base}.{namespace}"),
+            format!("{base}.{namespace}.svc"),
+            format!("{base}.{namespace}.svc.cluster.local"),
+        ] {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+/// The DNS name in a cluster's replication client certificate.
+pub fn replication_name(cluster: &str, namespace: &str) -> String {
+    format!("{cluster}.{namespace}.replication.{INSTANCE_DOMAIN}")
+}
+
 /// A certificate and its private key, as PEM, with its validity.
 #[derive(Clone)]
 pub struct Issued {
@@ -289,7 +323,7 @@ impl Authority {
         &self,
         what: String,
         common_name: &str,
-        dns_name: &str,
+        dns_names: &[String],
         usage: ExtendedKeyUsagePurpose,
         now: SystemTime,
         validity: Duration,
@@ -301,9 +335,11 @@ impl Authority {
         let key = KeyPair::generate().map_err(issuing)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = subject(common_name);
-        params.subject_alt_names = vec![SanType::DnsName(
-            dns_name.to_owned().try_into().map_err(issuing)?,
-        )];
+        params.subject_alt_names = dns_names
+            .iter()
+            .map(|name| Ok(SanType::DnsName(name.clone().try_into()?)))
+            .collect::<Result<_, rcgen::Error>>()
+            .map_err(issuing)?;
         params.is_ca = IsCa::ExplicitNoCa;
         // ECDSA keys only sign; one usage each, so a certificate cannot play the other
         // role.
@@ -332,8 +368,47 @@ impl Authority {
         self.issue(
             format!("the instances of {namespace}/{cluster}"),
             &name,
-            &name,
+            std::slice::from_ref(&name),
             ExtendedKeyUsagePurpose::ServerAuth,
+            now,
+            SERVER_VALIDITY,
+        )
+    }
+
+    /// PostgreSQL's server certificate for a cluster: every name its Services are
+    /// reached by (`postgres_server_names`); the first is also its common name.
+    pub fn issue_postgres_server(
+        &self,
+        cluster: &str,
+        namespace: &str,
+        now: SystemTime,
+    ) -> Result<Issued, PkiError> {
+        let names = postgres_server_names(cluster, namespace);
+        self.issue(
+            format!("PostgreSQL of {namespace}/{cluster}"),
+            &names[0],
+            &names,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            now,
+            SERVER_VALIDITY,
+        )
+    }
+
+    /// The client certificate a cluster's replicas authenticate with as
+    /// `streaming_replica`: PostgreSQL's `cert` method takes the role from the common
+    /// name. Its DNS name (`replication_name`) is not the operator's, so the instance
+    /// API refuses it.
+    pub fn issue_replication(
+        &self,
+        cluster: &str,
+        namespace: &str,
+        now: SystemTime,
+    ) -> Result<Issued, PkiError> {
+        self.issue(
+            format!("the replication role of {namespace}/{cluster}"),
+            REPLICATION_ROLE,
+            &[replication_name(cluster, namespace)],
+            ExtendedKeyUsagePurpose::ClientAuth,
             now,
             SERVER_VALIDITY,
         )
@@ -344,7 +419,7 @@ impl Authority {
         self.issue(
             "the operator".to_owned(),
             "castellan-operator",
-            OPERATOR_NAME,
+            &[OPERATOR_NAME.to_owned()],
             ExtendedKeyUsagePurpose::ClientAuth,
             now,
             CLIENT_VALIDITY,
@@ -451,6 +526,59 @@ mod tests {
         assert_eq!(
             dns_names(&client_der).expect("names"),
             vec![OPERATOR_NAME.to_owned()]
+        );
+    }
+
+    fn common_name(der: &CertificateDer<'_>) -> String {
+        let certificate = parse(der, "test").expect("parses");
+        certificate
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .expect("a common name")
+            .to_owned()
+    }
+
+    #[test]
+    fn postgres_certificates_name_the_services_and_the_replication_role() {
+        let ca = Authority::generate(now()).expect("a CA");
+        let server = ca
+            .issue_postgres_server("orders", "shop", now())
+            .expect("server");
+        let der = server.cert_der().expect("der");
+        assert_eq!(eku(&der), (true, false), "serverAuth only");
+        let names = dns_names(&der).expect("names");
+        assert_eq!(names[0], "orders-rw.shop.svc");
+        for name in [
+            "orders-rw",
+            "orders-ro.shop",
+            "orders-r.shop.svc",
+            "orders-ro.shop.svc.cluster.local",
+        ] {
+            assert!(names.contains(&name.to_owned()), "{name} in {names:?}");
+        }
+        assert_eq!(names.len(), 12, "each name once: {names:?}");
+        assert_eq!(common_name(&der), "orders-rw.shop.svc");
+        assert_eq!(
+            ca.examine(server.cert_pem.as_bytes(), "orders-rw.shop.svc", now()),
+            Standing::Current
+        );
+
+        let replication = ca
+            .issue_replication("orders", "shop", now())
+            .expect("replication");
+        let der = replication.cert_der().expect("der");
+        assert_eq!(eku(&der), (false, true), "clientAuth only");
+        assert_eq!(
+            common_name(&der),
+            "streaming_replica",
+            "PostgreSQL's cert authentication maps the common name to the role"
+        );
+        assert_ne!(
+            dns_names(&der).expect("names"),
+            vec![OPERATOR_NAME.to_owned()],
+            "the instance API accepts only the operator's name"
         );
     }
 

@@ -427,7 +427,7 @@ mod tests {
             .issue(
                 "a stranger".to_owned(),
                 "stranger",
-                "stranger.castellan.io",
+                &["stranger.castellan.io".to_owned()],
                 rcgen::ExtendedKeyUsagePurpose::ClientAuth,
                 now,
                 crate::pki::CLIENT_VALIDITY,
@@ -438,6 +438,16 @@ mod tests {
                 .await
                 .is_none(),
             "a client certificate of the CA that does not name the operator is refused"
+        );
+        // Nor can the replicas' certificate, which every pod of a cluster holds.
+        let replication = ca
+            .issue_replication("orders", "shop", now)
+            .expect("the replication certificate");
+        assert!(
+            exchange(config.clone(), client_with(&ca, Some(&replication)), &name)
+                .await
+                .is_none(),
+            "the replication client certificate cannot call the instance API"
         );
         assert!(
             exchange(config, operator, &server_name("orders", "elsewhere"))

@@ -312,6 +312,8 @@ pub fn describe(namespace: &str, operator_logs: &[PathBuf]) -> String {
 
 /// A key of a Secret, decoded.
 pub fn secret_value(namespace: &str, secret: &str, key: &str) -> String {
+    // A key such as `ca.crt` needs its dot escaped in JSONPath.
+    let key = key.replace('.', "\\.");
     let encoded = jsonpath("secret", secret, namespace, &format!("{{.data.{key}}}"));
     let out = Command::new("base64")
         .arg("-d")

@@ -398,6 +398,12 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
         // An instance that refused exactly this set keeps its last good one: asking
         // again would get the same answer.
         let parameters_differ = view.parameters.as_ref() != Some(wanted) && !refused(view, wanted);
+        // Plain TCP follows spec.tls.allowPlaintext (a manager that does not report it
+        // is not asked).
+        let allow_plaintext = cluster.spec.allows_plaintext();
+        let plaintext_differs = view
+            .allow_plaintext
+            .is_some_and(|allowed| allowed != allow_plaintext);
         // The archive setting goes along only to an instance that lacks it.
         let archive = wanted_archive(state)
             .filter(|a| view.archive.fingerprint.as_deref() != Some(a.fingerprint.as_str()))
@@ -414,6 +420,7 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                 .cloned()
                 .collect();
             if parameters_differ
+                || plaintext_differs
                 || archive.is_some()
                 || view.sync_names != sync_names
                 || slots_differ(view, &slots)
@@ -425,10 +432,11 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                         sync_names: Some(sync_names),
                         slots: Some(slots),
                         archive,
+                        allow_plaintext,
                     },
                 ));
             }
-        } else if (parameters_differ || archive.is_some()) && !is_primary {
+        } else if (parameters_differ || plaintext_differs || archive.is_some()) && !is_primary {
             planned.push((
                 name.clone(),
                 Command::Reload {
@@ -436,6 +444,7 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                     sync_names: None,
                     slots: None,
                     archive,
+                    allow_plaintext,
                 },
             ));
         }
@@ -686,6 +695,7 @@ mod tests {
                         sync_names: Some("ANY 1 (\"db-2\")".into()),
                         slots: Some(vec!["db-2".into()]),
                         archive: None,
+                        allow_plaintext: false,
                     }
                 ),
                 (
@@ -695,11 +705,44 @@ mod tests {
                         sync_names: None,
                         slots: None,
                         archive: None,
+                        allow_plaintext: false,
                     }
                 ),
             ]
         );
         // Nothing is sent twice while they run.
+        let (_, effects) = step(state, ClusterEvent::Observed(view("db-2", &[])));
+        assert!(commands(&effects).is_empty());
+    }
+
+    #[test]
+    fn allowing_plain_text_is_reloaded_where_an_instance_reports_otherwise() {
+        let mut cluster = (*cluster(2, false, &[])).clone();
+        cluster.spec.tls = Some(castellan_crds::database_cluster::TlsPolicy {
+            allow_plaintext: true,
+        });
+        let mut state = settled(std::sync::Arc::new(cluster), 2);
+        let mut primary = primary_view(&["db-2"], "");
+        primary.allow_plaintext = Some(true);
+        state.views.insert("db-1".into(), primary);
+        let mut refusing = view("db-2", &[]);
+        refusing.allow_plaintext = Some(false);
+        let (_, effects) = step(state.clone(), ClusterEvent::Observed(refusing));
+        assert_eq!(
+            commands(&effects),
+            vec![(
+                "db-2".into(),
+                Command::Reload {
+                    parameters: BTreeMap::new(),
+                    sync_names: None,
+                    slots: None,
+                    archive: None,
+                    allow_plaintext: true,
+                }
+            )],
+            "only the instance that differs is asked"
+        );
+        // A manager that does not report the setting is not asked for it.
         let (_, effects) = step(state, ClusterEvent::Observed(view("db-2", &[])));
         assert!(commands(&effects).is_empty());
     }
@@ -737,6 +780,7 @@ mod tests {
                     sync_names: Some("ANY 1 (\"db-2\")".into()),
                     slots: Some(vec!["db-2".into()]),
                     archive: None,
+                    allow_plaintext: false,
                 }
             )]
         );
@@ -765,6 +809,7 @@ mod tests {
                     sync_names: Some("ANY 1 (\"db-2\")".into()),
                     slots: Some(vec!["db-2".into(), "db-3".into()]),
                     archive: None,
+                    allow_plaintext: false,
                 }
             )]
         );

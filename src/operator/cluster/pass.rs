@@ -25,6 +25,7 @@ use super::plan::{self, NodeHealth, Observed, Plan};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::volumes;
 use crate::operator::build::{self, CLUSTER_LABEL, ROLE_LABEL};
+use crate::operator::certificates::{self, ClusterCertificate};
 use crate::operator::context::Shared;
 use crate::operator::endpoints::Metrics;
 
@@ -118,34 +119,44 @@ async fn written_condition(
     }
 }
 
-/// Rewrites the application Secret's `uri` when its `password` was changed.
-async fn follow_password(
+/// Keeps the application Secret's derived keys right: `uri` follows a changed
+/// `password`, and `ca.crt` holds the CA the server's certificate is verified with (a
+/// Secret made before TLS lacks it; a replaced CA changes it).
+async fn follow_app_secret(
     secrets: &Api<Secret>,
     cluster: &DatabaseCluster,
     secret: &Secret,
+    ca_pem: &str,
 ) -> Result<(), Error> {
     let data = secret.data.as_ref();
     let value = |key: &str| {
         data.and_then(|d| d.get(key))
             .map(|v| String::from_utf8_lossy(&v.0).into_owned())
     };
-    let Some(password) = value("password") else {
-        return Ok(());
-    };
-    let uri = build::app_uri(cluster, &password);
-    if value("uri").as_deref() == Some(uri.as_str()) {
+    let mut changed = serde_json::Map::new();
+    if let Some(password) = value("password") {
+        let uri = build::app_uri(cluster, &password);
+        if value("uri").as_deref() != Some(uri.as_str()) {
+            changed.insert("uri".to_owned(), uri.into());
+        }
+    }
+    if value("ca.crt").as_deref() != Some(ca_pem) {
+        changed.insert("ca.crt".to_owned(), ca_pem.into());
+    }
+    if changed.is_empty() {
         return Ok(());
     }
     let name = secret.name_any();
-    let patch = json!({"stringData": {"uri": uri}});
+    let keys: Vec<String> = changed.keys().cloned().collect();
+    let patch = json!({"stringData": changed});
     secrets
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(kube_error(
-            format!("updating the uri in Secret {name}"),
+            format!("updating {} in Secret {name}", keys.join(" and ")),
             cluster,
         ))?;
-    tracing::info!(cluster = %cluster.name_any(), secret = %name, "the uri follows a changed password");
+    tracing::info!(cluster = %cluster.name_any(), secret = %name, ?keys, "the application Secret follows its password and the CA");
     Ok(())
 }
 
@@ -169,12 +180,15 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
             .map_err(kube_error(format!("reading Secret {secret_name}"), cluster))?;
         match found {
             None => missing.push(secret_name),
-            Some(secret) if what == "app" => follow_password(&secrets, cluster, &secret).await?,
+            Some(secret) if what == "app" => {
+                follow_app_secret(&secrets, cluster, &secret, context.authority.cert_pem()).await?
+            }
             Some(_) => {}
         }
     }
     if !missing.is_empty() {
-        for secret in build::secrets(cluster, &password()?, &password()?, &password()?) {
+        let ca_pem = context.authority.cert_pem();
+        for secret in build::secrets(cluster, &password()?, &password()?, &password()?, ca_pem) {
             let secret_name = secret.name_any();
             if !missing.contains(&secret_name) {
                 continue;
@@ -199,12 +213,13 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         }
     }
 
-    // The instance API's certificate, before any pod mounts it.
-    if let Some(note) =
-        crate::operator::certificates::ensure_instance_tls(client, cluster, &context.authority)
-            .await?
-    {
-        context.record(cluster, note).await;
+    // The certificates, before any pod mounts them.
+    for which in ClusterCertificate::ALL {
+        if let Some(note) =
+            certificates::ensure_certificate(client, cluster, &context.authority, which).await?
+        {
+            context.record(cluster, note).await;
+        }
     }
 
     // Replicas follow the primary through the -rw Service's address, so a failover

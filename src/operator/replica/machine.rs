@@ -64,6 +64,8 @@ pub struct InstanceView {
     pub archive: ArchiveReport,
     /// What a restore into its empty volume is doing, once asked for.
     pub restoring: Option<String>,
+    /// Whether it takes clients over plain TCP (absent: its manager does not say).
+    pub allow_plaintext: Option<bool>,
 }
 
 impl Default for InstanceView {
@@ -91,6 +93,7 @@ impl Default for InstanceView {
             error: None,
             archive: ArchiveReport::default(),
             restoring: None,
+            allow_plaintext: None,
         }
     }
 }
@@ -138,6 +141,7 @@ impl InstanceView {
             error: report.error,
             archive: report.archive,
             restoring: report.restoring,
+            allow_plaintext: report.allow_plaintext,
         }
     }
 
@@ -169,6 +173,8 @@ pub enum Command {
         /// The WAL archive setting, when the instance does not have it yet (boxed: it
         /// is large and rare).
         archive: Option<Box<ArchiveConfig>>,
+        /// Whether clients may connect over plain TCP (`spec.tls.allowPlaintext`).
+        allow_plaintext: bool,
     },
     /// Restart PostgreSQL (for parameters that need it).
     Restart,
@@ -419,6 +425,7 @@ mod tests {
             sync_names: None,
             slots: None,
             archive: None,
+            allow_plaintext: false,
         }
     }
 

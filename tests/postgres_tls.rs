@@ -1,0 +1,434 @@
+//! PostgreSQL's TLS end to end (issue #12), as a client and an administrator meet it:
+//! the operator runs with a CA the user brings (`--ca-secret`, the way a cert-manager
+//! CA is handed over); a cluster serves TLS with a certificate from it for its
+//! Services' names, which a client verifies with the application Secret's `ca.crt`
+//! and the `uri`'s `sslmode=verify-full`; plain TCP is refused until
+//! `spec.tls.allowPlaintext` is set, and again when it is unset; replicas stream with
+//! their client certificate; certificates the operator issues again (here: their
+//! Secrets deleted) are served without a restart, the replica's at its next
+//! connection. An operator told to use a CA Secret that does not exist says so and
+//! stops instead of making one.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::cluster::{
+    LocalVolumes, Operator, apply_cluster, describe, jsonpath, secret_value, try_superuser,
+    wait_for,
+};
+use support::faults::postmaster_pid;
+use support::{TestNamespace, client, eventually, kubectl_ok};
+
+const METRICS_ADDRESS: &str = "127.0.64.1:8080";
+const MISSING_CA_ADDRESS: &str = "127.0.64.2:8080";
+
+fn pg_bin(program: &str) -> PathBuf {
+    PathBuf::from(
+        std::env::var("CASTELLAN_TEST_PG_BIN_DIR")
+            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into()),
+    )
+    .join(program)
+}
+
+/// Runs `sql` with psql on `conninfo` (a URI or key=value string) with `env` set;
+/// the output, or psql's complaint.
+fn psql(conninfo: &str, env: &[(&str, &str)], sql: &str) -> Result<String, String> {
+    let output = Command::new(pg_bin("psql"))
+        .args(["--no-psqlrc", "--tuples-only", "--no-align", "--dbname"])
+        .arg(conninfo)
+        .args(["--command", sql])
+        .env_clear()
+        .env("PGCONNECT_TIMEOUT", "10")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running psql");
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+    }
+}
+
+/// `openssl` with `args`, `input` on its standard input; its standard output.
+fn openssl(args: &[&str], input: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("running openssl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("writing to openssl");
+    let output = child.wait_with_output().expect("openssl");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The SHA-256 fingerprint of the first certificate in `pem`.
+fn fingerprint(pem: &str) -> String {
+    openssl(
+        &["x509", "-noout", "-fingerprint", "-sha256"],
+        pem.as_bytes(),
+    )
+    .trim()
+    .to_owned()
+}
+
+/// The fingerprint of the certificate PostgreSQL at `address` serves.
+fn served_fingerprint(address: &str) -> String {
+    let served = openssl(
+        &[
+            "s_client",
+            "-starttls",
+            "postgres",
+            "-connect",
+            &format!("{address}:5432"),
+        ],
+        b"",
+    );
+    fingerprint(&served)
+}
+
+/// The serial number of the first certificate in `pem`, in decimal, as
+/// `pg_stat_ssl.client_serial` shows it.
+fn serial(pem: &str) -> String {
+    let hex = openssl(&["x509", "-noout", "-serial"], pem.as_bytes());
+    let hex = hex.trim().trim_start_matches("serial=");
+    // Long division of the hex digits by ten, most significant first.
+    let mut digits: Vec<u32> = hex.chars().filter_map(|c| c.to_digit(16)).collect();
+    let mut decimal = Vec::new();
+    while digits.iter().any(|d| *d != 0) {
+        let mut remainder = 0;
+        for digit in &mut digits {
+            let value = remainder * 16 + *digit;
+            *digit = value / 10;
+            remainder = value % 10;
+        }
+        decimal.push(char::from_digit(remainder, 10).expect("a digit"));
+    }
+    if decimal.is_empty() {
+        "0".to_owned()
+    } else {
+        decimal.iter().rev().collect()
+    }
+}
+
+/// Makes a CA with `castellan pki ca` (standing in for one cert-manager made) and
+/// stores it as the `kubernetes.io/tls` Secret `name`; its directory.
+fn user_ca(namespace: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{namespace}-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let status = Command::new(env!("CARGO_BIN_EXE_castellan"))
+        .args(["pki", "ca", "--out"])
+        .arg(&dir)
+        .status()
+        .expect("castellan pki ca");
+    assert!(status.success());
+    let path = |file: &str| dir.join(file).display().to_string();
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "tls",
+        name,
+        "-n",
+        namespace,
+        &format!("--cert={}", path("tls.crt")),
+        &format!("--key={}", path("tls.key")),
+    ]);
+    dir
+}
+
+fn write_file(path: &Path, contents: &str) {
+    std::fs::write(path, contents).expect("writing a file");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "tls").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create("tls-local", 1);
+    let ca_dir = user_ca(&ns, "company-ca");
+    let operator = Operator::start_with(&ns, METRICS_ADDRESS, &["--ca-secret", "company-ca"]);
+    let logs = vec![operator.log.clone()];
+    let diagnostics = || describe(&ns, &logs);
+    apply_cluster(&ns, "vault", 2, &volumes.class, "");
+    wait_for(
+        "the cluster is Ready with 2 ready instances",
+        Duration::from_secs(180),
+        || {
+            jsonpath(
+                "dbc",
+                "vault",
+                &ns,
+                "{.status.phase}/{.status.readyInstances}",
+            ) == "Ready/2"
+        },
+        diagnostics,
+    );
+    assert!(
+        jsonpath("secret", "castellan-ca", &ns, "{.metadata.name}").is_empty(),
+        "with --ca-secret the operator makes no CA of its own"
+    );
+
+    // The application Secret: a verify-full URI and the CA to verify with, which is
+    // the user's.
+    let uri = secret_value(&ns, "vault-app", "uri");
+    assert!(uri.ends_with("?sslmode=verify-full"), "{uri}");
+    assert!(uri.contains(&format!("@vault-rw.{ns}.svc:5432/")), "{uri}");
+    let ca_pem = secret_value(&ns, "vault-app", "ca.crt");
+    let user_ca_pem = std::fs::read_to_string(ca_dir.join("tls.crt")).expect("the user's CA");
+    assert_eq!(fingerprint(&ca_pem), fingerprint(&user_ca_pem));
+    let ca_file = ca_dir.join("from-secret.crt");
+    write_file(&ca_file, &ca_pem);
+    let ca_path = ca_file.display().to_string();
+
+    // A client uses the URI as it is: the Service's name is verified against the
+    // server's certificate (PGHOSTADDR only dials the Service's address, since the
+    // local cluster resolves no Service names).
+    let rw = jsonpath("svc", "vault-rw", &ns, "{.spec.clusterIP}");
+    let client_env = [
+        ("PGHOSTADDR", rw.as_str()),
+        ("PGSSLROOTCERT", ca_path.as_str()),
+    ];
+    assert_eq!(
+        psql(
+            &uri,
+            &client_env,
+            "select ssl from pg_stat_ssl where pid = pg_backend_pid()"
+        ),
+        Ok("t".to_owned()),
+        "the URI connects over verified TLS"
+    );
+    let password = secret_value(&ns, "vault-app", "password");
+    let other_name = format!(
+        "host=vault-evil.{ns}.svc hostaddr={rw} user=clerk dbname=shop password={password} \
+         sslmode=verify-full sslrootcert={ca_path}"
+    );
+    let refused = psql(&other_name, &[], "select 1").expect_err("a name the certificate lacks");
+    assert!(refused.contains("does not match host name"), "{refused}");
+    let other_ca = std::env::temp_dir().join(format!("{ns}-other-ca"));
+    let _ = std::fs::remove_dir_all(&other_ca);
+    let made = Command::new(env!("CARGO_BIN_EXE_castellan"))
+        .args(["pki", "ca", "--out"])
+        .arg(&other_ca)
+        .status()
+        .expect("castellan pki ca");
+    assert!(made.success());
+    let wrong_ca = format!(
+        "host=vault-rw.{ns}.svc hostaddr={rw} user=clerk dbname=shop password={password} \
+         sslmode=verify-full sslrootcert={}",
+        other_ca.join("tls.crt").display()
+    );
+    let refused = psql(&wrong_ca, &[], "select 1").expect_err("another CA");
+    assert!(refused.contains("certificate verify failed"), "{refused}");
+
+    // Plain TCP is refused, with pg_hba's reason; allowed once the spec says so, and
+    // refused again when it no longer does.
+    let plain = format!("host={rw} user=clerk dbname=shop password={password} sslmode=disable");
+    let refused = psql(&plain, &[], "select 1").expect_err("plain TCP");
+    assert!(
+        refused.contains("pg_hba.conf rejects connection") && refused.contains("no encryption"),
+        "{refused}"
+    );
+    let allow = |allowed: bool| {
+        kubectl_ok(&[
+            "patch",
+            "dbc",
+            "vault",
+            "-n",
+            &ns,
+            "--type",
+            "merge",
+            "-p",
+            &format!("{{\"spec\":{{\"tls\":{{\"allowPlaintext\":{allowed}}}}}}}"),
+        ]);
+    };
+    allow(true);
+    eventually(
+        "plain TCP is accepted with allowPlaintext",
+        Duration::from_secs(60),
+        || async {
+            psql(
+                &plain,
+                &[],
+                "select ssl from pg_stat_ssl where pid = pg_backend_pid()",
+            )
+        },
+    )
+    .await;
+    allow(false);
+    eventually(
+        "plain TCP is refused again without allowPlaintext",
+        Duration::from_secs(60),
+        || async {
+            match psql(&plain, &[], "select 1") {
+                Err(refused) if refused.contains("no encryption") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // Replication runs over TLS with the replication role's client certificate.
+    let standby_ssl = || async {
+        let mut superuser = try_superuser(&ns, "vault", "vault-1").await?;
+        sqlx::query_as::<_, (bool, Option<String>, Option<String>)>(
+            "select s.ssl, s.client_dn, s.client_serial::text from pg_stat_ssl s \
+             join pg_stat_replication r using (pid) where r.application_name = 'vault-2'",
+        )
+        .fetch_optional(&mut superuser)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "vault-2 does not stream".to_owned())
+    };
+    let (ssl, client_dn, _) = eventually(
+        "vault-2 streams from vault-1",
+        Duration::from_secs(30),
+        standby_ssl,
+    )
+    .await;
+    assert!(ssl, "the standby streams over TLS");
+    assert!(
+        client_dn
+            .as_deref()
+            .is_some_and(|dn| dn.contains("CN=streaming_replica")),
+        "{client_dn:?}"
+    );
+
+    // The server certificate issued again (its Secret deleted) is served without a
+    // restart.
+    let primary_address = jsonpath("pod", "vault-1", &ns, "{.status.podIP}");
+    let before = served_fingerprint(&primary_address);
+    assert_eq!(
+        before,
+        fingerprint(&secret_value(&ns, "vault-server-tls", "tls.crt")),
+        "the server serves its Secret's certificate"
+    );
+    let postmaster = postmaster_pid(&ns, "vault-1");
+    kubectl_ok(&["delete", "secret", "vault-server-tls", "-n", &ns]);
+    let renewed = eventually(
+        "the operator issues the server certificate again",
+        Duration::from_secs(60),
+        || async {
+            let pem = secret_value(&ns, "vault-server-tls", "tls.crt");
+            let now = fingerprint(&pem);
+            if !pem.is_empty() && now != before {
+                Ok(now)
+            } else {
+                Err("not yet".to_owned())
+            }
+        },
+    )
+    .await;
+    eventually(
+        "the primary serves the new certificate",
+        Duration::from_secs(60),
+        || async {
+            let served = served_fingerprint(&primary_address);
+            if served == renewed {
+                Ok(())
+            } else {
+                Err(served)
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        postmaster_pid(&ns, "vault-1"),
+        postmaster,
+        "served after a reload, not a restart"
+    );
+    assert_eq!(
+        psql(&uri, &client_env, "select 1"),
+        Ok("1".to_owned()),
+        "the URI still verifies"
+    );
+
+    // The replication certificate issued again: the replica connects with it next
+    // time (its connection cut here), and streams.
+    let (_, _, old_serial) = standby_ssl().await.expect("streaming");
+    kubectl_ok(&["delete", "secret", "vault-replication-tls", "-n", &ns]);
+    let new_serial = eventually(
+        "the operator issues the replication certificate again",
+        Duration::from_secs(60),
+        || async {
+            let pem = secret_value(&ns, "vault-replication-tls", "tls.crt");
+            let now = serial(&pem);
+            if !pem.is_empty() && Some(&now) != old_serial.as_ref() {
+                Ok(now)
+            } else {
+                Err("not yet".to_owned())
+            }
+        },
+    )
+    .await;
+    eventually(
+        "vault-2 streams with the new certificate",
+        Duration::from_secs(60),
+        || async {
+            let (_, _, serial) = standby_ssl().await?;
+            if serial.as_deref() == Some(new_serial.as_str()) {
+                return Ok(());
+            }
+            // Cut the walsender: the replica reconnects (reading its files again).
+            let mut superuser = try_superuser(&ns, "vault", "vault-1").await?;
+            sqlx::query(
+                "select pg_terminate_backend(pid) from pg_stat_replication \
+                 where application_name = 'vault-2'",
+            )
+            .execute(&mut superuser)
+            .await
+            .map_err(|e| e.to_string())?;
+            Err(format!("serial {serial:?}, waiting for {new_serial}"))
+        },
+    )
+    .await;
+    drop(operator);
+    let _ = std::fs::remove_dir_all(&ca_dir);
+    let _ = std::fs::remove_dir_all(&other_ca);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_told_to_use_a_missing_ca_says_so_and_makes_none() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "tlsca").await;
+    let ns = namespace.name.clone();
+    let mut operator = Operator::start_with(&ns, MISSING_CA_ADDRESS, &["--ca-secret", "not-there"]);
+    let log = operator.log.clone();
+    eventually(
+        "the operator stops for want of its CA",
+        Duration::from_secs(60),
+        || {
+            let running = operator.running();
+            async move {
+                if running {
+                    Err("still running".to_owned())
+                } else {
+                    Ok(())
+                }
+            }
+        },
+    )
+    .await;
+    let said = std::fs::read_to_string(&log).expect("the operator's log");
+    assert!(
+        said.contains(&format!(
+            "the CA Secret {ns}/not-there named by --ca-secret does not exist"
+        )),
+        "{said}"
+    );
+    assert!(
+        jsonpath("secret", "not-there", &ns, "{.metadata.name}").is_empty(),
+        "it made none"
+    );
+}
