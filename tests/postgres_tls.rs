@@ -22,8 +22,8 @@ use support::cluster::{
 use support::faults::postmaster_pid;
 use support::{TestNamespace, client, eventually, kubectl_ok};
 
-const METRICS_ADDRESS: &str = "127.0.64.1:8080";
-const MISSING_CA_ADDRESS: &str = "127.0.64.2:8080";
+const METRICS_ADDRESS: &str = "127.0.74.1:8080";
+const MISSING_CA_ADDRESS: &str = "127.0.74.2:8080";
 
 fn pg_bin(program: &str) -> PathBuf {
     PathBuf::from(

@@ -163,18 +163,27 @@ async fn a_cluster_creation_is_one_trace_across_operator_and_instance() {
         || describe(&ns, &logs),
     );
     // A spec change: reconcile hands it to the cluster's actor, which has each
-    // instance's actor reload it at once, within the same trace.
-    support::kubectl_ok(&[
-        "patch",
-        "dbc",
-        "traced",
-        "-n",
-        &ns,
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"parameters":{"work_mem":"8MB"}}}"#,
-    ]);
+    // instance's actor reload it at once, within the same trace. At once only if the
+    // instance is not waiting for a fresh view after a command (its first reload, a
+    // moment after it became ready, can still be settling): then the next poll sends
+    // it, in the poll's trace. So the change is made again, with another value, every
+    // 5 s until one reload runs under its reconcile.
+    let patch = |work_mem: u32| {
+        support::kubectl_ok(&[
+            "patch",
+            "dbc",
+            "traced",
+            "-n",
+            &ns,
+            "--type",
+            "merge",
+            "-p",
+            &format!(r#"{{"spec":{{"parameters":{{"work_mem":"{work_mem}MB"}}}}}}"#),
+        ]);
+    };
+    let mut work_mem = 8;
+    patch(work_mem);
+    let mut patched = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(60);
     let chain = loop {
         let found = spans(&receiver.traces());
@@ -190,6 +199,11 @@ async fn a_cluster_creation_is_one_trace_across_operator_and_instance() {
                 .map(|s| (s.service.as_str(), s.name.as_str()))
                 .collect::<std::collections::BTreeSet<_>>()
         );
+        if patched.elapsed() > Duration::from_secs(5) {
+            work_mem += 1;
+            patch(work_mem);
+            patched = Instant::now();
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let names: Vec<String> = chain
