@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 
 use std::time::{Duration, Instant};
 
-use support::{TestNamespace, client, kubectl, kubectl_ok};
+use support::manifests::apply_identity;
+use support::{TestNamespace, client, eventually, kubectl, kubectl_ok};
 
 enum Kind {
     DatabaseCluster,
@@ -798,4 +799,283 @@ async fn only_the_operator_puts_castellan_labels_on_pods() {
         .is_some(),
         "turning a replica's label into primary is refused"
     );
+}
+
+/// A kubeconfig for the local cluster that authenticates with `token` only (the
+/// admin kubeconfig's client certificate would win over a token).
+fn token_kubeconfig(name: &str, token: &str) -> std::path::PathBuf {
+    let admin = std::fs::read_to_string(support::kubeconfig_path()).expect("the kubeconfig");
+    let field = |key: &str| {
+        admin
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(key))
+            .map(|value| value.trim().to_owned())
+            .unwrap_or_else(|| panic!("{key} in the kubeconfig"))
+    };
+    let path = std::env::temp_dir().join(format!("{name}-{}.kubeconfig", std::process::id()));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"{}\", \
+             certificate-authority: \"{}\"}}\nusers:\n- name: u\n  user: {{token: \"{token}\"}}\n\
+             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+            field("server:"),
+            field("certificate-authority:")
+        ),
+    )
+    .expect("writing a kubeconfig");
+    path
+}
+
+/// `kubectl` as the holder of `kubeconfig`, with `input` as the manifest (`-f -`) when
+/// given: `None` when the request went through, else the refusal.
+fn refused_as(kubeconfig: &std::path::Path, args: &[&str], input: Option<&str>) -> Option<String> {
+    use std::io::Write;
+    let kubectl = support::agent::dev_dir().join("bin/kubectl");
+    let mut child = std::process::Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running kubectl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(input.unwrap_or_default().as_bytes())
+        .expect("writing the manifest");
+    drop(stdin);
+    let output = child.wait_with_output().expect("kubectl");
+    (!output.status.success()).then(|| String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+fn block_device(node: &str) -> String {
+    format!(
+        "apiVersion: castellan.io/v1alpha1\nkind: BlockDevice\nmetadata: {{name: probe-{node}}}\n\
+         spec: {{nodeName: {node}, path: /dev/sdz, sizeBytes: 1073741824, identity: probe-{node}}}\n"
+    )
+}
+
+fn local_volume(name: &str, node: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  \
+         capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  \
+         storageClassName: policy-probe-none\n  local: {{path: /var/lib/castellan/pools/x}}\n  \
+         nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        \
+         - {{key: kubernetes.io/hostname, operator: In, values: [{node}]}}\n"
+    )
+}
+
+/// Every node's agent holds a token that RBAC lets write any StoragePool, BlockDevice
+/// and PersistentVolume: the agent's policies (`deploy/agent/policies.yaml`) hold it to
+/// its own node's objects and to a pool's finalizers and its node's status entry, and
+/// the operator's (`deploy/operator/policies.yaml`) hold the operator to the Secrets it
+/// made. Shown with real requests: a token bound to the agent's pod on node-1 (as the
+/// kubelet gets it), one bound to nothing, and the operator's service account; every
+/// write but the fixtures' is a server-side dry run, which admission judges in full.
+#[tokio::test]
+async fn the_agent_and_the_operator_write_only_what_is_theirs() {
+    use support::agent::{agent_up, dev_dir};
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "own-objects").await;
+    let ns = namespace.name.as_str();
+    agent_up(&dev_dir());
+    let agent_pod = kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        "castellan-system",
+        "-l",
+        "app.kubernetes.io/name=castellan-agent",
+        "--field-selector",
+        "spec.nodeName=node-1",
+        "-o",
+        "jsonpath={.items[0].metadata.name} {.items[0].metadata.uid}",
+    ]);
+    let (pod, uid) = agent_pod
+        .split_once(' ')
+        .expect("the agent's pod on node-1");
+    let bound = kubectl_ok(&[
+        "create",
+        "token",
+        "castellan-agent",
+        "-n",
+        "castellan-system",
+        "--bound-object-kind=Pod",
+        &format!("--bound-object-name={pod}"),
+        &format!("--bound-object-uid={uid}"),
+    ]);
+    let agent = token_kubeconfig("agent-node-1", bound.trim());
+    let unbound = kubectl_ok(&[
+        "create",
+        "token",
+        "castellan-agent",
+        "-n",
+        "castellan-system",
+    ]);
+    let stray = token_kubeconfig("agent-unbound", unbound.trim());
+    let dry = ["--dry-run=server"];
+    let create = |who: &std::path::Path, manifest: &str| {
+        refused_as(who, &["create", "-f", "-", dry[0]], Some(manifest))
+    };
+
+    // Its own node's disks; never another node's, nor any without a node in its token.
+    let refusal = eventually(
+        "the agent policies are in force",
+        Duration::from_secs(30),
+        || async { create(&agent, &block_device("node-2")).ok_or_else(|| "accepted".to_owned()) },
+    )
+    .await;
+    assert!(
+        refusal.contains("the node agent on node-1 may write only its own node's blockdevices"),
+        "{refusal}"
+    );
+    assert_eq!(create(&agent, &block_device("node-1")), None);
+    let refusal = create(&stray, &block_device("node-1")).expect("a token bound to no pod");
+    assert!(
+        refusal.contains("only with a token bound to its pod"),
+        "{refusal}"
+    );
+
+    // Its own node's volumes; another node's it can neither make nor delete.
+    assert_eq!(create(&agent, &local_volume("probe-own", "node-1")), None);
+    let refusal = create(&agent, &local_volume("probe-foreign", "node-2")).expect("node-2's");
+    assert!(
+        refusal.contains("own node's persistentvolumes"),
+        "{refusal}"
+    );
+    let foreign = "policy-probe-node-2";
+    let file = std::env::temp_dir().join(format!("{foreign}.yaml"));
+    std::fs::write(&file, local_volume(foreign, "node-2")).expect("manifest");
+    kubectl_ok(&["create", "-f", file.to_str().expect("utf-8")]);
+    let _ = std::fs::remove_file(&file);
+    let refusal = refused_as(&agent, &["delete", "pv", foreign, dry[0]], None)
+        .expect("deleting node-2's volume");
+    assert!(
+        refusal.contains("own node's persistentvolumes"),
+        "{refusal}"
+    );
+    kubectl_ok(&["delete", "pv", foreign, "--wait=false"]);
+
+    // A pool: its finalizers and annotations, never its spec; in its status, only its
+    // own node's entry.
+    let pool = "policy-probe";
+    let file = std::env::temp_dir().join(format!("{pool}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: castellan.io/v1alpha1\nkind: StoragePool\nmetadata: {{name: {pool}}}\n\
+             spec:\n  nodeSelector: {{matchLabels: {{castellan.io/policy-probe: none}}}}\n  \
+             devices: {{pathPattern: \"^/dev/nothing$\"}}\n  layout: single\n  \
+             storageClass: {{name: policy-probe}}\n"
+        ),
+    )
+    .expect("manifest");
+    kubectl_ok(&["create", "-f", file.to_str().expect("utf-8")]);
+    let _ = std::fs::remove_file(&file);
+    let patch = |body: &str, status: bool| {
+        let mut args = vec![
+            "patch",
+            "storagepool",
+            pool,
+            "--type=merge",
+            "-p",
+            body,
+            dry[0],
+        ];
+        if status {
+            args.push("--subresource=status");
+        }
+        refused_as(&agent, &args, None)
+    };
+    let refusal =
+        patch(r#"{"spec":{"devices":{"allowWipe":true}}}"#, false).expect("turning allowWipe on");
+    assert!(refusal.contains("never its spec"), "{refusal}");
+    assert_eq!(
+        patch(r#"{"metadata":{"annotations":{"probe":"yes"}}}"#, false),
+        None
+    );
+    let entry = |node: &str| format!(r#"{{"status":{{"nodes":[{{"node":"{node}"}}]}}}}"#);
+    assert_eq!(patch(&entry("node-1"), true), None);
+    let refusal = patch(&entry("node-2"), true).expect("writing node-2's entry");
+    assert!(refusal.contains("only its own node's entry"), "{refusal}");
+    kubectl_ok(&["delete", "storagepool", pool, "--wait=false"]);
+
+    // The operator: Secrets it labelled as Castellan's, no others.
+    apply_identity("deploy/operator/operator.yaml");
+    kubectl_ok(&[
+        "apply",
+        "-f",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/policies.yaml"),
+    ]);
+    let operator = ["--as=system:serviceaccount:castellan-system:castellan-operator"];
+    let as_operator = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["-n", ns, operator[0], dry[0]]);
+        let output = kubectl(&all);
+        (!output.status.success()).then(|| String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let refusal = eventually(
+        "the operator's Secret policy is in force",
+        Duration::from_secs(30),
+        || async {
+            as_operator(&["create", "secret", "generic", "loose", "--from-literal=k=v"])
+                .ok_or_else(|| "accepted".to_owned())
+        },
+    )
+    .await;
+    assert!(
+        refusal.contains("may write only Secrets labelled app.kubernetes.io/managed-by=castellan"),
+        "{refusal}"
+    );
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "user-keys",
+        "--from-literal=k=v",
+        "-n",
+        ns,
+    ]);
+    let patch = r#"{"stringData":{"k":"stolen"}}"#;
+    assert!(
+        as_operator(&["patch", "secret", "user-keys", "--type=merge", "-p", patch]).is_some(),
+        "the operator may not change a user's Secret"
+    );
+    assert!(
+        as_operator(&["delete", "secret", "user-keys"]).is_some(),
+        "nor delete it"
+    );
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "made-by-castellan",
+        "--from-literal=k=v",
+        "-n",
+        ns,
+    ]);
+    kubectl_ok(&[
+        "label",
+        "secret",
+        "made-by-castellan",
+        "app.kubernetes.io/managed-by=castellan",
+        "-n",
+        ns,
+    ]);
+    assert_eq!(
+        as_operator(&[
+            "patch",
+            "secret",
+            "made-by-castellan",
+            "--type=merge",
+            "-p",
+            patch
+        ]),
+        None,
+        "its own it may change"
+    );
+    let _ = std::fs::remove_file(&agent);
+    let _ = std::fs::remove_file(&stray);
 }

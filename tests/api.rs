@@ -7,6 +7,7 @@ mod support;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 
+use support::manifests::{apply_identity, manifests};
 use support::{TestNamespace, client, kubectl, kubectl_ok, repo};
 
 #[tokio::test]
@@ -163,19 +164,6 @@ async fn a_misspelled_field_is_refused() {
     }
 }
 
-/// The documents of a multi-document YAML file in the repository.
-fn manifests(path: &str) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(repo().join(path))
-        .unwrap_or_else(|e| panic!("reading {path}: {e}"));
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|document| {
-            serde::Deserialize::deserialize(document)
-                .unwrap_or_else(|e| panic!("parsing {path}: {e}"))
-        })
-        .filter(|document: &serde_json::Value| !document.is_null())
-        .collect()
-}
-
 /// The shipped RBAC names no wildcard, and the operator's service account, bound as
 /// `deploy/operator/operator.yaml` binds it, cannot touch what only the agent manages
 /// (StoragePools, BlockDevices) nor ConfigMaps, which it never uses.
@@ -200,27 +188,7 @@ async fn the_shipped_rbac_has_no_wildcards_and_the_operator_only_what_it_uses() 
     }
 
     // Only the identity and its rights: the Deployment would start an operator.
-    let rbac: Vec<String> = manifests("deploy/operator/operator.yaml")
-        .into_iter()
-        .filter(|d| {
-            matches!(
-                d["kind"].as_str(),
-                Some("Namespace" | "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
-            )
-        })
-        .map(|d| serde_json::to_string(&d).expect("JSON"))
-        .collect();
-    let file = std::env::temp_dir().join(format!("operator-rbac-{}.json", std::process::id()));
-    std::fs::write(
-        &file,
-        format!(
-            "{{\"apiVersion\":\"v1\",\"kind\":\"List\",\"items\":[{}]}}",
-            rbac.join(",")
-        ),
-    )
-    .expect("writing the RBAC manifests");
-    kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
-    let _ = std::fs::remove_file(&file);
+    apply_identity("deploy/operator/operator.yaml");
     let operator = "--as=system:serviceaccount:castellan-system:castellan-operator";
     let can = |verb: &str, resource: &str| {
         let output = kubectl(&["auth", "can-i", verb, resource, "-n", "default", operator]);

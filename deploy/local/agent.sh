@@ -39,6 +39,8 @@ up() {
       -e 's#^      hostPID: true$#      hostPID: true\n      nodeSelector: {node.castellan.io/process-backed: "true"}#' \
       "$repo/deploy/agent/agent.yaml" \
     | "${k[@]}" apply -f - >/dev/null
+  # What RBAC cannot say: each agent writes only its own node's objects.
+  "${k[@]}" apply -f "$repo/deploy/agent/policies.yaml" >/dev/null
   "${k[@]}" -n castellan-system rollout status daemonset/castellan-agent --timeout=120s >&2 \
     || die "the agent DaemonSet did not become ready"
   log "agent running on every node (pools under $dev/pools, disks under $dev/disks/<node>/)"

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cluster;
 pub mod disks;
 pub mod faults;
+pub mod manifests;
 pub mod postgres;
 pub mod s3;
 
