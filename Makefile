@@ -23,15 +23,16 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel s3 build up down crds check test bench bench-storage bench-failover bench-backup
+.PHONY: help deps controlplane otel s3 build up down crds check deny test bench bench-storage bench-failover bench-backup
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
 	@echo "            castellan (.dev/s3.env, Secret castellan-s3), Castellan's operator and agent, a disk per node,"
 	@echo "            a StoragePool over them (the default StorageClass) and a 3-instance PostgreSQL cluster on it"
 	@echo "make down   stop it and remove its state"
-	@echo "make test   formatting, lints, unit and end-to-end tests"
+	@echo "make test   formatting, lints, cargo deny, unit and end-to-end tests"
 	@echo "make crds   regenerate crds/ from the Rust types"
+	@echo "make deny   cargo deny: advisories (offline RustSec snapshot), licences, bans, sources"
 	@echo "make bench  DatabaseCluster benchmark (apply → Ready, operator memory) on its own cluster"
 	@echo "make bench-storage  time disk hotplug → BlockDevice → pool growth on the make up cluster"
 	@echo "make bench-backup    base backup throughput as a ratio of a raw read and of pg_basebackup, zstd vs lz4, restore time (>1 GiB) on its own cluster"
@@ -76,6 +77,17 @@ check: deps
 	cargo fmt --all --check
 	cargo clippy $(PACKAGES) --all-targets -- -D warnings
 
+# cargo deny over the workspace: advisories against the offline RustSec snapshot,
+# licences, bans and sources (deploy/deny/deny.toml). The pinned cargo-deny is built
+# once and cached; the snapshot is laid out where it reads it.
+# cargo-deny reads `cargo metadata`, which wants every platform's crates: fetched first
+# (from the registry, cached), so that the check itself runs --offline and never
+# tries to fetch the advisory database.
+deny: deps
+	@deny="$$(deploy/deny/build.sh)"; deploy/deny/advisory-db.sh >/dev/null; \
+	  cargo fetch --locked --quiet; \
+	  "$$deny" --manifest-path Cargo.toml --config deploy/deny/deny.toml --workspace --locked --offline check --hide-inclusion-graph
+
 # Against the running `make up` cluster (it adds and removes its own pool and disks on
 # node-1). Debug profile: it times the agent, not itself.
 bench-storage:
@@ -87,7 +99,7 @@ bench-storage:
 # caches they overlap instead of adding up. The S3 server's settings are in
 # $(TEST_DEV_DIR)/s3.env while the tests run.
 test: deps
-	@$(MAKE) --no-print-directory -j4 check controlplane otel s3
+	@$(MAKE) --no-print-directory -j4 check deny controlplane otel s3
 	cargo test $(PACKAGES) --lib --bins
 	@$(TEST_ENV) deploy/local/s3.sh down >/dev/null 2>&1 || true
 	@$(TEST_ENV) deploy/local/nodes.sh down >/dev/null 2>&1 || true

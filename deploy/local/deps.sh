@@ -8,6 +8,8 @@ need_debs=()
 have_cmd() { command -v "$1" >/dev/null 2>&1; }
 have_cmd openssl || need_debs+=(openssl)
 have_cmd curl || need_debs+=(curl)
+# cargo deny reads the advisory snapshot as a git checkout (deploy/deny/advisory-db.sh).
+have_cmd git || need_debs+=(git)
 have_cmd setsid || need_debs+=(util-linux)
 # The node agent probes and builds pools with these; its tests make loop-device disks
 # with GPTs (sfdisk) and ext4 filesystems.
