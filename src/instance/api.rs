@@ -151,7 +151,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         archive: shared.archive.report(),
         restoring: published.restoring,
         verification: published.verification,
-        tls: published.tls,
+        tls: Some(published.tls),
         allow_plaintext: Some(published.allow_plaintext),
     };
     if !published.running {

@@ -87,7 +87,7 @@ impl Binaries {
     }
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BootstrapError {
+pub(super) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BootstrapError {
     let path = path.to_path_buf();
     move |source| BootstrapError::Io { what, path, source }
 }

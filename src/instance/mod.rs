@@ -205,7 +205,7 @@ pub struct Published {
     /// A scratch instance's verdict on the backup it restored.
     pub verification: Option<crate::instance_api::VerificationReport>,
     /// Whether PostgreSQL serves TLS, and whether it takes plain TCP too.
-    pub tls: Option<bool>,
+    pub tls: bool,
     pub allow_plaintext: bool,
 }
 
@@ -254,10 +254,9 @@ struct Instance {
     binaries: Binaries,
     socket_dir: PathBuf,
     passfile: PathBuf,
-    /// The mounted certificates and their private copies, when the pod has them.
-    certificates: Option<(tls::Mounted, tls::Files)>,
-    /// Whether the build can serve TLS (asked once, when there are certificates).
-    tls_supported: Option<bool>,
+    /// The mounted certificates, their private copies and whether the build can serve
+    /// them, when the pod has them.
+    certificates: Option<tls::Certificates>,
     /// `spec.tls.allowPlaintext` as last sent. The one setting of the configuration
     /// that is not a server parameter and still changes with the spec; an atomic so
     /// that every file written reads the current value.
@@ -379,11 +378,7 @@ impl Instance {
 
     /// TLS or plain TCP, or why the server must not run.
     fn tls_decision(&self) -> tls::Decision {
-        tls::decide(
-            self.certificates.as_ref().map(|(_, files)| files.clone()),
-            self.tls_supported,
-            self.allows_plaintext(),
-        )
+        tls::decide(self.certificates.as_ref(), self.allows_plaintext())
     }
 
     /// The transport the configuration is written for. A refused one is written as
@@ -420,10 +415,10 @@ impl Instance {
 
     /// Copies renewed certificates from the mounted Secrets; whether any changed.
     async fn install_certificates(&self) -> anyhow::Result<bool> {
-        let Some((mounted, files)) = &self.certificates else {
+        let Some(certificates) = &self.certificates else {
             return Ok(false);
         };
-        tls::install(mounted, files)
+        tls::install(&certificates.mounted, &certificates.files)
             .await
             .context("copying the mounted TLS certificates")
     }
@@ -810,9 +805,9 @@ impl Supervisor {
             self.role.as_ref().map(running_role)
         };
         let (tls, refusal) = match self.instance.tls_decision() {
-            tls::Decision::Run(tls::Transport::Tls(_)) => (Some(true), None),
-            tls::Decision::Run(tls::Transport::Plain) => (Some(false), None),
-            tls::Decision::Refuse(reason) => (Some(false), Some(reason)),
+            tls::Decision::Run(tls::Transport::Tls(_)) => (true, None),
+            tls::Decision::Run(tls::Transport::Plain) => (false, None),
+            tls::Decision::Refuse(reason) => (false, Some(reason)),
         };
         self.publish.send_replace(Published {
             role,
@@ -1394,31 +1389,31 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     let binaries = Binaries {
         bin_dir: args.pg_bin_dir.clone(),
     };
+    // Whether the build can serve TLS is asked once: the binaries do not change under
+    // a running manager.
     let certificates = match (&args.server_tls_dir, &args.replication_tls_dir) {
-        (Some(server), Some(replication)) => Some((
-            tls::Mounted {
-                server: server.clone(),
-                replication: replication.clone(),
-            },
-            tls::Files::new(socket_dir.join("tls")),
-        )),
-        _ => None,
-    };
-    // Asked once: the binaries do not change under a running manager.
-    let tls_supported = match &certificates {
-        Some(_) => Some(
-            tls::supported(&binaries, &socket_dir.join("tls-probe"))
+        (Some(server), Some(replication)) => {
+            let probe = socket_dir.join("tls-probe");
+            private_dir(&probe).await?;
+            let supported = tls::supported(&binaries, &probe)
                 .await
-                .context("asking PostgreSQL whether it can serve TLS (postgres -C ssl_library)")?,
-        ),
-        None => None,
+                .context("asking PostgreSQL whether it can serve TLS (postgres -C ssl_library)")?;
+            Some(tls::Certificates {
+                mounted: tls::Mounted {
+                    server: server.clone(),
+                    replication: replication.clone(),
+                },
+                files: tls::Files::new(socket_dir.join("tls")),
+                supported,
+            })
+        }
+        _ => None,
     };
     let instance = Arc::new(Instance {
         binaries,
         socket_dir: socket_dir.clone(),
         passfile,
         certificates,
-        tls_supported,
         allow_plaintext: std::sync::atomic::AtomicBool::new(args.allow_plaintext),
         args,
     });

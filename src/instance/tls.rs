@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::bootstrap::{self, Binaries, BootstrapError};
+use super::bootstrap::{self, Binaries, BootstrapError, io};
 
 /// The certificate Secrets as the pod mounts them (`ca.crt`, `tls.crt`, `tls.key`
 /// each).
@@ -79,13 +79,18 @@ impl Files {
     }
 }
 
+/// The certificates an instance was given, and whether its build can serve them.
+#[derive(Clone, Debug)]
+pub struct Certificates {
+    pub mounted: Mounted,
+    pub files: Files,
+    /// Whether the build can serve TLS (`supported`, asked once at start).
+    pub supported: bool,
+}
+
 /// Copies every mounted file whose content differs from its copy (each copy written
 /// atomically, mode 0600); returns whether any changed.
 pub async fn install(mounted: &Mounted, files: &Files) -> Result<bool, BootstrapError> {
-    let io = |what: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| BootstrapError::Io { what, path, source }
-    };
     tokio::fs::create_dir_all(&files.dir)
         .await
         .map_err(io("creating", &files.dir))?;
@@ -123,14 +128,14 @@ pub enum Decision {
     Refuse(String),
 }
 
-/// Decides the transport. `supported` is whether the build can serve TLS (`None`
-/// without certificates: nothing asked).
-pub fn decide(files: Option<Files>, supported: Option<bool>, allow_plaintext: bool) -> Decision {
-    match (files, supported) {
-        (None, _) => Decision::Run(Transport::Plain),
-        (Some(files), Some(true)) => Decision::Run(Transport::Tls(files)),
-        (Some(_), _) if allow_plaintext => Decision::Run(Transport::Plain),
-        (Some(_), _) => Decision::Refuse(
+/// Decides the transport from the certificates an instance was given (none: a scratch
+/// instance) and whether plain text is allowed.
+pub fn decide(certificates: Option<&Certificates>, allow_plaintext: bool) -> Decision {
+    match certificates {
+        None => Decision::Run(Transport::Plain),
+        Some(given) if given.supported => Decision::Run(Transport::Tls(given.files.clone())),
+        Some(_) if allow_plaintext => Decision::Run(Transport::Plain),
+        Some(_) => Decision::Refuse(
             "this instance's PostgreSQL was built without TLS support (its ssl_library is \
              empty), so it cannot serve the cluster's certificates, and spec.tls.allowPlaintext \
              is false: the server is not started rather than serve plain text. Use an image \
@@ -142,22 +147,10 @@ pub fn decide(files: Option<Files>, supported: Option<bool>, allow_plaintext: bo
 
 /// Whether these binaries can serve TLS: `postgres -C ssl_library` names the library
 /// (`OpenSSL`) or is empty in a build without one. PostgreSQL reads a data directory
-/// for `-C`, so an empty one with an empty configuration is made in `scratch`; the
-/// value is the first line of the output.
+/// for `-C`, so an empty configuration is written in `scratch`, a directory only the
+/// instance's user may enter (PostgreSQL refuses another); the value is the first line
+/// of the output.
 pub async fn supported(binaries: &Binaries, scratch: &Path) -> Result<bool, BootstrapError> {
-    let io = |what: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| BootstrapError::Io { what, path, source }
-    };
-    tokio::fs::create_dir_all(scratch)
-        .await
-        .map_err(io("creating", scratch))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        tokio::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o700))
-            .await
-            .map_err(io("restricting", scratch))?;
-    }
     // Both files, so that PostgreSQL has nothing to log about a missing one.
     for name in ["postgresql.conf", "postgresql.auto.conf"] {
         bootstrap::write_private(&scratch.join(name), "").await?;
@@ -183,14 +176,25 @@ mod tests {
         Files::new(PathBuf::from("/data/run/tls"))
     }
 
+    fn given(supported: bool) -> Certificates {
+        Certificates {
+            mounted: Mounted {
+                server: PathBuf::from("/etc/castellan/secrets/server-tls"),
+                replication: PathBuf::from("/etc/castellan/secrets/replication-tls"),
+            },
+            files: files(),
+            supported,
+        }
+    }
+
     #[test]
     fn a_build_with_tls_serves_the_certificates() {
         assert_eq!(
-            decide(Some(files()), Some(true), false),
+            decide(Some(&given(true)), false),
             Decision::Run(Transport::Tls(files()))
         );
         assert_eq!(
-            decide(Some(files()), Some(true), true),
+            decide(Some(&given(true)), true),
             Decision::Run(Transport::Tls(files())),
             "allowing plain text does not turn TLS off"
         );
@@ -199,10 +203,10 @@ mod tests {
     #[test]
     fn a_build_without_tls_runs_only_where_plain_text_is_allowed() {
         assert_eq!(
-            decide(Some(files()), Some(false), true),
+            decide(Some(&given(false)), true),
             Decision::Run(Transport::Plain)
         );
-        match decide(Some(files()), Some(false), false) {
+        match decide(Some(&given(false)), false) {
             Decision::Refuse(reason) => {
                 assert!(reason.contains("built without TLS"), "{reason}");
                 assert!(reason.contains("allowPlaintext"), "{reason}");
@@ -213,7 +217,7 @@ mod tests {
 
     #[test]
     fn an_instance_without_certificates_runs_without_tls() {
-        assert_eq!(decide(None, None, false), Decision::Run(Transport::Plain));
+        assert_eq!(decide(None, false), Decision::Run(Transport::Plain));
     }
 
     #[tokio::test]

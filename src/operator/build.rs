@@ -102,16 +102,21 @@ pub fn service_name(cluster: &DatabaseCluster, suffix: &str) -> String {
     format!("{}-{suffix}", name(cluster))
 }
 
-/// The label selector of everything Castellan makes (`app.kubernetes.io/managed-by`).
-pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=castellan";
+/// The label everything Castellan makes carries, and its value: the operator's watches
+/// select on it (`managed_selector`), and its admission policy lets it write only
+/// Secrets that carry it.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "castellan";
+
+/// The label selector of everything Castellan makes.
+pub fn managed_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
+}
 
 fn labels(cluster: &DatabaseCluster, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (CLUSTER_LABEL.to_owned(), name(cluster)),
-        (
-            "app.kubernetes.io/managed-by".to_owned(),
-            "castellan".to_owned(),
-        ),
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
     ]);
     for (key, value) in extra {
         labels.insert((*key).to_owned(), (*value).to_owned());
@@ -146,15 +151,8 @@ pub fn secrets(
 ) -> Vec<Secret> {
     let (database, owner) = application(cluster);
     let host = app_host(cluster);
-    let secret = |what: &str, data: Vec<(&str, String)>| Secret {
-        metadata: metadata(cluster, secret_name(cluster, what), labels(cluster, &[])),
-        type_: Some("kubernetes.io/basic-auth".to_owned()),
-        data: Some(
-            data.into_iter()
-                .map(|(k, v)| (k.to_owned(), ByteString(v.into_bytes())))
-                .collect(),
-        ),
-        ..Secret::default()
+    let secret = |what: &str, data: Vec<(&str, String)>| {
+        owned_secret(cluster, what, "kubernetes.io/basic-auth", data)
     };
     vec![
         secret(
@@ -222,17 +220,27 @@ pub fn tls_secret(
     ca_pem: &str,
     issued: &Issued,
 ) -> Secret {
-    let data = [
-        ("ca.crt", ca_pem),
-        ("tls.crt", issued.cert_pem.as_str()),
-        ("tls.key", issued.key_pem.as_str()),
+    let data = vec![
+        ("ca.crt", ca_pem.to_owned()),
+        ("tls.crt", issued.cert_pem.clone()),
+        ("tls.key", issued.key_pem.clone()),
     ];
+    owned_secret(cluster, suffix, "kubernetes.io/tls", data)
+}
+
+/// A Secret `<cluster>-<suffix>` of `type_` the cluster owns, holding `data`.
+fn owned_secret(
+    cluster: &DatabaseCluster,
+    suffix: &str,
+    type_: &str,
+    data: Vec<(&str, String)>,
+) -> Secret {
     Secret {
         metadata: metadata(cluster, secret_name(cluster, suffix), labels(cluster, &[])),
-        type_: Some("kubernetes.io/tls".to_owned()),
+        type_: Some(type_.to_owned()),
         data: Some(
             data.into_iter()
-                .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
+                .map(|(k, v)| (k.to_owned(), ByteString(v.into_bytes())))
                 .collect(),
         ),
         ..Secret::default()
@@ -418,10 +426,7 @@ pub fn scratch(
     let scratch = scratch.to_owned();
     let labels = BTreeMap::from([
         (VERIFY_LABEL.to_owned(), name(cluster)),
-        (
-            "app.kubernetes.io/managed-by".to_owned(),
-            "castellan".to_owned(),
-        ),
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
     ]);
     let annotations = BTreeMap::from([(VERIFYING_ANNOTATION.to_owned(), backup.to_owned())]);
     let mut claim = volume_claim(cluster, 0);
@@ -1083,14 +1088,13 @@ mod tests {
         owned.push(pod(&cluster, 1, StartRole::Primary, "", true, &settings()).metadata);
         let (claim, scratch_pod) = scratch(&cluster, "first", "orders-verify-1", &settings());
         owned.extend([claim.metadata, scratch_pod.metadata]);
-        let (key, value) = MANAGED_SELECTOR.split_once('=').expect("key=value");
         for meta in owned {
             assert_eq!(
                 meta.labels
                     .as_ref()
-                    .and_then(|l| l.get(key))
+                    .and_then(|l| l.get(MANAGED_BY_LABEL))
                     .map(String::as_str),
-                Some(value),
+                Some(MANAGED_BY),
                 "{:?} would be invisible to the operator's watch",
                 meta.name
             );

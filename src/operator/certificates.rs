@@ -90,8 +90,8 @@ fn ca_secret(authority: &Authority, namespace: &str) -> Secret {
             name: Some(CA_SECRET.to_owned()),
             namespace: Some(namespace.to_owned()),
             labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_owned(),
-                "castellan".to_owned(),
+                build::MANAGED_BY_LABEL.to_owned(),
+                build::MANAGED_BY.to_owned(),
             )])),
             ..ObjectMeta::default()
         },

@@ -217,7 +217,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
 /// operator nothing of other programs' Secrets, pods or Services, not even their
 /// metadata (`owns` watches metadata only).
 fn owned() -> watcher::Config {
-    watcher::Config::default().labels(build::MANAGED_SELECTOR)
+    watcher::Config::default().labels(&build::managed_selector())
 }
 
 /// The API of `K` in the watched namespace, or in all of them.
