@@ -831,8 +831,7 @@ fn token_kubeconfig(name: &str, token: &str) -> std::path::PathBuf {
 /// given: `None` when the request went through, else the refusal.
 fn refused_as(kubeconfig: &std::path::Path, args: &[&str], input: Option<&str>) -> Option<String> {
     use std::io::Write;
-    let kubectl = support::agent::dev_dir().join("bin/kubectl");
-    let mut child = std::process::Command::new(&kubectl)
+    let mut child = std::process::Command::new(support::kubectl_program())
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)

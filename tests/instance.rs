@@ -11,7 +11,7 @@
 mod support;
 
 use support::eventually;
-use support::postgres::{connect, postgres_ids};
+use support::postgres::{connect, pg_bin_dir, postgres_ids};
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -28,19 +28,6 @@ use sqlx::postgres::PgConnectOptions;
 const SUPERUSER_PASSWORD: &str = "super-secret-1";
 const REPLICATION_PASSWORD: &str = "repl-secret-2";
 const APP_PASSWORD: &str = "app-secret-3";
-
-fn pg_bin_dir() -> PathBuf {
-    let dir = PathBuf::from(
-        std::env::var("CASTELLAN_TEST_PG_BIN_DIR")
-            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into()),
-    );
-    assert!(
-        dir.join("postgres").exists(),
-        "PostgreSQL server binaries are missing in {} (deploy/local/deps.sh installs postgresql-15)",
-        dir.display()
-    );
-    dir
-}
 
 /// The cluster and namespace the test instances' certificate is issued for.
 const SERVER_NAME: &str = "it.test.instance.castellan.io";

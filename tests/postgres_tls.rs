@@ -20,23 +20,16 @@ use support::cluster::{
     wait_for,
 };
 use support::faults::postmaster_pid;
+use support::postgres::pg_bin_dir;
 use support::{TestNamespace, client, eventually, kubectl_ok};
 
 const METRICS_ADDRESS: &str = "127.0.74.1:8080";
 const MISSING_CA_ADDRESS: &str = "127.0.74.2:8080";
 
-fn pg_bin(program: &str) -> PathBuf {
-    PathBuf::from(
-        std::env::var("CASTELLAN_TEST_PG_BIN_DIR")
-            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into()),
-    )
-    .join(program)
-}
-
 /// Runs `sql` with psql on `conninfo` (a URI or key=value string) with `env` set;
 /// the output, or psql's complaint.
 fn psql(conninfo: &str, env: &[(&str, &str)], sql: &str) -> Result<String, String> {
-    let output = Command::new(pg_bin("psql"))
+    let output = Command::new(pg_bin_dir().join("psql"))
         .args(["--no-psqlrc", "--tuples-only", "--no-align", "--dbname"])
         .arg(conninfo)
         .args(["--command", sql])
@@ -122,10 +115,9 @@ fn serial(pem: &str) -> String {
     }
 }
 
-/// Makes a CA with `castellan pki ca` (standing in for one cert-manager made) and
-/// stores it as the `kubernetes.io/tls` Secret `name`; its directory.
-fn user_ca(namespace: &str, name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("{namespace}-{name}"));
+/// A new CA made by `castellan pki ca` in a fresh temporary directory `name`.
+fn new_ca(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     let status = Command::new(env!("CARGO_BIN_EXE_castellan"))
         .args(["pki", "ca", "--out"])
@@ -133,6 +125,13 @@ fn user_ca(namespace: &str, name: &str) -> PathBuf {
         .status()
         .expect("castellan pki ca");
     assert!(status.success());
+    dir
+}
+
+/// Makes a CA with `castellan pki ca` (standing in for one cert-manager made) and
+/// stores it as the `kubernetes.io/tls` Secret `name`; its directory.
+fn user_ca(namespace: &str, name: &str) -> PathBuf {
+    let dir = new_ca(&format!("{namespace}-{name}"));
     let path = |file: &str| dir.join(file).display().to_string();
     kubectl_ok(&[
         "create",
@@ -145,6 +144,26 @@ fn user_ca(namespace: &str, name: &str) -> PathBuf {
         &format!("--key={}", path("tls.key")),
     ]);
     dir
+}
+
+/// Deletes the certificate Secret `name` and waits for the operator to issue it again;
+/// the new certificate (PEM).
+async fn issued_again(namespace: &str, name: &str) -> String {
+    let before = secret_value(namespace, name, "tls.crt");
+    kubectl_ok(&["delete", "secret", name, "-n", namespace]);
+    eventually(
+        &format!("the operator issues {name} again"),
+        Duration::from_secs(60),
+        || async {
+            let pem = secret_value(namespace, name, "tls.crt");
+            if !pem.is_empty() && pem != before {
+                Ok(pem)
+            } else {
+                Err("not yet".to_owned())
+            }
+        },
+    )
+    .await
 }
 
 fn write_file(path: &Path, contents: &str) {
@@ -216,14 +235,7 @@ async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
     );
     let refused = psql(&other_name, &[], "select 1").expect_err("a name the certificate lacks");
     assert!(refused.contains("does not match host name"), "{refused}");
-    let other_ca = std::env::temp_dir().join(format!("{ns}-other-ca"));
-    let _ = std::fs::remove_dir_all(&other_ca);
-    let made = Command::new(env!("CARGO_BIN_EXE_castellan"))
-        .args(["pki", "ca", "--out"])
-        .arg(&other_ca)
-        .status()
-        .expect("castellan pki ca");
-    assert!(made.success());
+    let other_ca = new_ca(&format!("{ns}-other-ca"));
     let wrong_ca = format!(
         "host=vault-rw.{ns}.svc hostaddr={rw} user=clerk dbname=shop password={password} \
          sslmode=verify-full sslrootcert={}",
@@ -315,21 +327,7 @@ async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
         "the server serves its Secret's certificate"
     );
     let postmaster = postmaster_pid(&ns, "vault-1");
-    kubectl_ok(&["delete", "secret", "vault-server-tls", "-n", &ns]);
-    let renewed = eventually(
-        "the operator issues the server certificate again",
-        Duration::from_secs(60),
-        || async {
-            let pem = secret_value(&ns, "vault-server-tls", "tls.crt");
-            let now = fingerprint(&pem);
-            if !pem.is_empty() && now != before {
-                Ok(now)
-            } else {
-                Err("not yet".to_owned())
-            }
-        },
-    )
-    .await;
+    let renewed = fingerprint(&issued_again(&ns, "vault-server-tls").await);
     eventually(
         "the primary serves the new certificate",
         Duration::from_secs(60),
@@ -357,21 +355,12 @@ async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
     // The replication certificate issued again: the replica connects with it next
     // time (its connection cut here), and streams.
     let (_, _, old_serial) = standby_ssl().await.expect("streaming");
-    kubectl_ok(&["delete", "secret", "vault-replication-tls", "-n", &ns]);
-    let new_serial = eventually(
-        "the operator issues the replication certificate again",
-        Duration::from_secs(60),
-        || async {
-            let pem = secret_value(&ns, "vault-replication-tls", "tls.crt");
-            let now = serial(&pem);
-            if !pem.is_empty() && Some(&now) != old_serial.as_ref() {
-                Ok(now)
-            } else {
-                Err("not yet".to_owned())
-            }
-        },
-    )
-    .await;
+    let new_serial = serial(&issued_again(&ns, "vault-replication-tls").await);
+    assert_ne!(
+        Some(&new_serial),
+        old_serial.as_ref(),
+        "a new certificate, not the one it streams with"
+    );
     eventually(
         "vault-2 streams with the new certificate",
         Duration::from_secs(60),

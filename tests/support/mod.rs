@@ -52,18 +52,22 @@ pub fn repo() -> PathBuf {
 /// Runs kubectl (the one `make up` built, at the control plane's version) against the
 /// test cluster.
 pub fn kubectl(args: &[&str]) -> Output {
-    let kubeconfig = kubeconfig_path();
-    let kubectl = kubeconfig
-        .parent()
-        .map(|dir| dir.join("bin/kubectl"))
-        .filter(|path| path.exists())
-        .unwrap_or_else(|| PathBuf::from("kubectl"));
+    let kubectl = kubectl_program();
     Command::new(&kubectl)
         .arg("--kubeconfig")
-        .arg(&kubeconfig)
+        .arg(kubeconfig_path())
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", kubectl.display()))
+}
+
+/// The kubectl `make up` built, at the control plane's version (else the one on PATH).
+pub fn kubectl_program() -> PathBuf {
+    kubeconfig_path()
+        .parent()
+        .map(|dir| dir.join("bin/kubectl"))
+        .filter(|path| path.exists())
+        .unwrap_or_else(|| PathBuf::from("kubectl"))
 }
 
 /// Runs kubectl and returns its stdout, failing the test with stderr if it failed.

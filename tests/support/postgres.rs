@@ -1,11 +1,26 @@
 //! PostgreSQL for the end-to-end tests: the `postgres` user the servers run as, and
 //! connections with a deadline.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection};
+
+/// Where PostgreSQL's programs are (`CASTELLAN_TEST_PG_BIN_DIR`, else Debian's 15).
+pub fn pg_bin_dir() -> PathBuf {
+    let dir = PathBuf::from(
+        std::env::var("CASTELLAN_TEST_PG_BIN_DIR")
+            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into()),
+    );
+    assert!(
+        dir.join("postgres").exists(),
+        "PostgreSQL server binaries are missing in {} (deploy/local/deps.sh installs postgresql-15)",
+        dir.display()
+    );
+    dir
+}
 
 /// uid and gid of the `postgres` user (PostgreSQL refuses to run as root).
 pub fn postgres_ids() -> (u32, u32) {
