@@ -23,7 +23,7 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel s3 build up down crds check deny test bench bench-storage bench-failover bench-backup
+.PHONY: help deps controlplane otel s3 helm build up down crds check deny test bench bench-storage bench-failover bench-backup
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
@@ -51,6 +51,11 @@ otel: deps
 # The S3-compatible server for backups (s3s-fs, pinned in deploy/s3/build.sh).
 s3: deps
 	@deploy/s3/build.sh >/dev/null
+
+# helm (pinned in deploy/helm/go.mod), which lints and renders the chart in the tests
+# and for `make manifests`; Debian 12 packages none.
+helm: deps
+	@deploy/helm/build.sh >/dev/null
 
 build: deps
 	cargo build --workspace --all-targets
@@ -95,11 +100,11 @@ bench-storage:
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
 # this target starts and always stops, whatever the outcome. The lints and the builds of
-# the control plane, the OTLP receiver and the S3 server run side by side: with empty
-# caches they overlap instead of adding up. The S3 server's settings are in
-# $(TEST_DEV_DIR)/s3.env while the tests run.
+# the control plane, the OTLP receiver, the S3 server and helm (tests/helm.rs runs it)
+# run side by side: with empty caches they overlap instead of adding up. The S3
+# server's settings are in $(TEST_DEV_DIR)/s3.env while the tests run.
 test: deps
-	@$(MAKE) --no-print-directory -j4 check deny controlplane otel s3
+	@$(MAKE) --no-print-directory -j4 check deny controlplane otel s3 helm
 	cargo test $(PACKAGES) --lib --bins
 	@$(TEST_ENV) deploy/local/s3.sh down >/dev/null 2>&1 || true
 	@$(TEST_ENV) deploy/local/nodes.sh down >/dev/null 2>&1 || true
