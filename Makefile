@@ -23,7 +23,7 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel s3 helm build up down crds check deny test bench bench-storage bench-failover bench-backup
+.PHONY: help deps controlplane otel s3 helm build up down crds manifests check deny test bench bench-storage bench-failover bench-backup
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
@@ -31,7 +31,8 @@ help:
 	@echo "            a StoragePool over them (the default StorageClass) and a 3-instance PostgreSQL cluster on it"
 	@echo "make down   stop it and remove its state"
 	@echo "make test   formatting, lints, cargo deny, unit and end-to-end tests"
-	@echo "make crds   regenerate crds/ from the Rust types"
+	@echo "make crds   regenerate crds/ from the Rust types (and the Helm chart's copy of them)"
+	@echo "make manifests  render the Helm chart into the plain manifests (deploy/operator, deploy/agent)"
 	@echo "make deny   cargo deny: advisories (offline RustSec snapshot), licences, bans, sources"
 	@echo "make bench  DatabaseCluster benchmark (apply → Ready, operator memory) on its own cluster"
 	@echo "make bench-storage  time disk hotplug → BlockDevice → pool growth on the make up cluster"
@@ -75,8 +76,17 @@ down:
 	@deploy/local/nodes.sh down
 	@deploy/local/cluster.sh down
 
+# The chart carries the same files in its crds/ (helm installs them first);
+# tests/helm.rs fails when the two differ.
 crds: deps
 	cargo run --quiet -- crds --out-dir crds
+	rm -f deploy/helm/castellan/crds/*.yaml
+	cp crds/*.yaml deploy/helm/castellan/crds/
+
+# The plain manifests are the chart rendered with its defaults (deploy/helm/manifests.sh);
+# tests/helm.rs fails when they are stale.
+manifests: helm
+	@deploy/helm/manifests.sh "$$(deploy/helm/build.sh)"
 
 check: deps
 	cargo fmt --all --check

@@ -849,6 +849,35 @@ fn refused_as(kubeconfig: &std::path::Path, args: &[&str], input: Option<&str>) 
     (!output.status.success()).then(|| String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
+/// A merge patch of pool `pool`'s status as the holder of `kubeconfig` (a server-side
+/// dry run), sent the way the agent sends it: `kubectl patch --subresource=status`
+/// would read the status first, which the agent never does and its role does not
+/// allow. `None` when it went through, else the refusal.
+async fn patch_pool_status_as(
+    kubeconfig: &std::path::Path,
+    pool: &str,
+    status: Value,
+) -> Option<String> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).expect("the kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .expect("loading the kubeconfig");
+    let pools: Api<castellan_crds::StoragePool> =
+        Api::all(Client::try_from(config).expect("a client"));
+    let params = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    pools
+        .patch_status(pool, &params, &Patch::Merge(&status))
+        .await
+        .err()
+        .map(|error| error.to_string())
+}
+
 fn block_device(node: &str) -> String {
     format!(
         "apiVersion: castellan.io/v1alpha1\nkind: BlockDevice\nmetadata: {{name: probe-{node}}}\n\
@@ -973,8 +1002,8 @@ async fn the_agent_and_the_operator_write_only_what_is_theirs() {
     .expect("manifest");
     kubectl_ok(&["create", "-f", file.to_str().expect("utf-8")]);
     let _ = std::fs::remove_file(&file);
-    let patch = |body: &str, status: bool| {
-        let mut args = vec![
+    let patch = |body: &str| {
+        let args = [
             "patch",
             "storagepool",
             pool,
@@ -983,21 +1012,23 @@ async fn the_agent_and_the_operator_write_only_what_is_theirs() {
             body,
             dry[0],
         ];
-        if status {
-            args.push("--subresource=status");
-        }
         refused_as(&agent, &args, None)
     };
     let refusal =
-        patch(r#"{"spec":{"devices":{"allowWipe":true}}}"#, false).expect("turning allowWipe on");
+        patch(r#"{"spec":{"devices":{"allowWipe":true}}}"#).expect("turning allowWipe on");
     assert!(refusal.contains("never its spec"), "{refusal}");
     assert_eq!(
-        patch(r#"{"metadata":{"annotations":{"probe":"yes"}}}"#, false),
+        patch(r#"{"metadata":{"annotations":{"probe":"yes"}}}"#),
         None
     );
-    let entry = |node: &str| format!(r#"{{"status":{{"nodes":[{{"node":"{node}"}}]}}}}"#);
-    assert_eq!(patch(&entry("node-1"), true), None);
-    let refusal = patch(&entry("node-2"), true).expect("writing node-2's entry");
+    let entry = |node: &str| json!({"status": {"nodes": [{"node": node}]}});
+    assert_eq!(
+        patch_pool_status_as(&agent, pool, entry("node-1")).await,
+        None
+    );
+    let refusal = patch_pool_status_as(&agent, pool, entry("node-2"))
+        .await
+        .expect("writing node-2's entry");
     assert!(refusal.contains("only its own node's entry"), "{refusal}");
     kubectl_ok(&["delete", "storagepool", pool, "--wait=false"]);
 

@@ -16,15 +16,22 @@ pub fn manifests(path: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Applies the Namespace, ServiceAccount, ClusterRole and ClusterRoleBinding of the
-/// manifest at `path`, and nothing else (its Deployment would start a component).
+/// Applies the Namespace, ServiceAccount, Roles and their bindings of the manifest at
+/// `path`, and nothing else (its Deployment would start a component).
 pub fn apply_identity(path: &str) {
     let rbac: Vec<String> = manifests(path)
         .into_iter()
         .filter(|d| {
             matches!(
                 d["kind"].as_str(),
-                Some("Namespace" | "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
+                Some(
+                    "Namespace"
+                        | "ServiceAccount"
+                        | "ClusterRole"
+                        | "ClusterRoleBinding"
+                        | "Role"
+                        | "RoleBinding"
+                )
             )
         })
         .map(|d| serde_json::to_string(&d).expect("JSON"))
