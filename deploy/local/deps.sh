@@ -18,6 +18,13 @@ have_cmd sfdisk || need_debs+=(fdisk)
 have_cmd mkfs.ext4 || need_debs+=(e2fsprogs)
 # The PostgreSQL server the instance manager runs (Debian 12 ships major 15).
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || need_debs+=(postgresql-15)
+# Container images without a daemon (deploy/images/build.sh: mmdebstrap makes the
+# Debian layers, umoci the OCI layout, objcopy strips the binary) and the OCI runtime
+# tests/images.rs runs them with.
+have_cmd mmdebstrap || need_debs+=(mmdebstrap)
+have_cmd umoci || need_debs+=(umoci)
+have_cmd runc || need_debs+=(runc)
+have_cmd objcopy || need_debs+=(binutils)
 
 if ((${#need_debs[@]})); then
   [[ $(id -u) == 0 ]] || { echo "deps: need root to install ${need_debs[*]}" >&2; exit 1; }
