@@ -23,7 +23,7 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel s3 helm build up down crds manifests check deny test bench bench-storage bench-failover bench-backup
+.PHONY: help deps controlplane otel s3 helm build up down crds manifests check deny test bench bench-storage bench-failover bench-backup images images-base
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
@@ -34,6 +34,7 @@ help:
 	@echo "make crds   regenerate crds/ from the Rust types (and the Helm chart's copy of them)"
 	@echo "make manifests  render the Helm chart into the plain manifests (deploy/operator, deploy/agent)"
 	@echo "make deny   cargo deny: advisories (offline RustSec snapshot), licences, bans, sources"
+	@echo "make images container images as OCI archives (operator/agent, PostgreSQL 15 and 18) from Debian's packages and the release binary"
 	@echo "make bench  DatabaseCluster benchmark (apply → Ready, operator memory) on its own cluster"
 	@echo "make bench-storage  time disk hotplug → BlockDevice → pool growth on the make up cluster"
 	@echo "make bench-backup    base backup throughput as a ratio of a raw read and of pg_basebackup, zstd vs lz4, restore time (>1 GiB) on its own cluster"
@@ -103,6 +104,17 @@ deny: deps
 	  cargo fetch --locked --quiet; \
 	  "$$deny" --manifest-path Cargo.toml --config deploy/deny/deny.toml --workspace --locked --offline check --hide-inclusion-graph
 
+# Container images as OCI archives, without a daemon (deploy/images/build.sh): Debian
+# layers by mmdebstrap (cached), the release binary on top. Prints the archives' paths.
+images: deps
+	cargo build --release -p castellan
+	@deploy/images/build.sh
+
+# The images' Debian layers only: make test builds them beside the lints, and
+# tests/images.rs adds its binary to them.
+images-base: deps
+	@deploy/images/build.sh --base-only
+
 # Against the running `make up` cluster (it adds and removes its own pool and disks on
 # node-1). Debug profile: it times the agent, not itself.
 bench-storage:
@@ -114,7 +126,7 @@ bench-storage:
 # run side by side: with empty caches they overlap instead of adding up. The S3
 # server's settings are in $(TEST_DEV_DIR)/s3.env while the tests run.
 test: deps
-	@$(MAKE) --no-print-directory -j4 check deny controlplane otel s3 helm
+	@$(MAKE) --no-print-directory -j4 check deny controlplane otel s3 helm images-base
 	cargo test $(PACKAGES) --lib --bins
 	@$(TEST_ENV) deploy/local/s3.sh down >/dev/null 2>&1 || true
 	@$(TEST_ENV) deploy/local/nodes.sh down >/dev/null 2>&1 || true
