@@ -26,8 +26,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, apply_manifest, condition, describe, jsonpath,
-    phase_and_ready, secret_value, try_superuser, wait_for,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, condition, describe,
+    jsonpath, phase_and_ready, secret_value, try_superuser, wait_for,
 };
 use support::faults::volume_path;
 use support::{TestNamespace, client, s3};
@@ -251,7 +251,7 @@ async fn main() {
             1,
             &volumes.class,
             &format!(
-                "  backup: {}\n",
+                "  backup: {}\n{SUPERUSER_ACCESS}",
                 s3::backup_target(None, &format!("compression: {compression}"))
             ),
         );

@@ -142,10 +142,27 @@ pub struct StatusReport {
     /// Whether PostgreSQL serves TLS (with the cluster's certificates).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<bool>,
-    /// Whether it takes clients over plain TCP too (`spec.tls.allowPlaintext` as last
-    /// sent; absent from a manager that predates the setting).
+    /// Who may connect how, as `pg_hba.conf` is written now (absent from a manager
+    /// that predates the setting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_plaintext: Option<bool>,
+    pub access: Option<Access>,
+}
+
+/// Who may connect to PostgreSQL over the network and how, beside TLS: what
+/// `pg_hba.conf` is written from. It follows the spec on a running server (sent with
+/// `POST /reload`, applied by a reload).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Access {
+    /// Accept password logins over plain TCP too (`spec.tls.allowPlaintext`).
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// The superuser may log in over the network (`spec.enableSuperuserAccess`).
+    #[serde(default)]
+    pub superuser: bool,
+    /// The user's own lines (`spec.pgHba`), after Castellan's and before its default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hba: Vec<String>,
 }
 
 /// The server's state as the operator needs it.
@@ -266,9 +283,9 @@ pub struct ReloadRequest {
     /// `docs/backups.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<ArchiveConfig>,
-    /// Accept clients over plain TCP too (`spec.tls.allowPlaintext`).
+    /// Who may connect how (`pg_hba.conf`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_plaintext: Option<bool>,
+    pub access: Option<Access>,
 }
 
 /// The object store WAL is archived to, with the credentials to reach it. It travels

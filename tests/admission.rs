@@ -351,6 +351,56 @@ fn cases() -> Vec<Case> {
             "the replication role 'streaming_replica'",
         ),
         case(
+            "pg_hba line that trusts",
+            DatabaseCluster,
+            Create(json!({"pgHba": ["host all all 0.0.0.0/0 trust"]})),
+            "trust, password, local lines, includes and comments are refused",
+        ),
+        case(
+            "pg_hba line with a line break",
+            DatabaseCluster,
+            Create(
+                json!({"pgHba": ["host all all 0.0.0.0/0 reject\nhost all all 0.0.0.0/0 trust"]}),
+            ),
+            "trust, password, local lines, includes and comments are refused",
+        ),
+        case(
+            "pg_hba line including a file",
+            DatabaseCluster,
+            Create(json!({"pgHba": ["include /etc/passwd"]})),
+            "trust, password, local lines, includes and comments are refused",
+        ),
+        case(
+            "pg_hba address without a mask",
+            DatabaseCluster,
+            Create(json!({"pgHba": ["host all all 10.0.0.1 scram-sha-256"]})),
+            "an address in CIDR form",
+        ),
+        case(
+            "pg_hba IPv6 range that is none",
+            DatabaseCluster,
+            Create(json!({"pgHba": ["hostssl all all fd00:::1::/8 scram-sha-256"]})),
+            "not a valid IPv6 range",
+        ),
+        case(
+            "pg_hba line for replication",
+            DatabaseCluster,
+            Create(json!({"pgHba": ["hostssl replication all 0.0.0.0/0 scram-sha-256"]})),
+            "cannot name the replication database",
+        ),
+        case(
+            "pg_hba line for the superuser",
+            DatabaseCluster,
+            Create(json!({"pgHba": ["hostssl all postgres 10.0.0.0/8 scram-sha-256"]})),
+            "the superuser's network login is spec.enableSuperuserAccess",
+        ),
+        case(
+            "superuser access not a boolean",
+            DatabaseCluster,
+            Create(json!({"enableSuperuserAccess": "yes"})),
+            "must be of type boolean",
+        ),
+        case(
             "engine changed",
             DatabaseCluster,
             Update(json!({"engine": "mariadb"})),
@@ -654,6 +704,22 @@ async fn the_valid_objects_are_accepted() {
             )
             .await
             .expect("raising version, replicas and size is accepted");
+            // Network access changes on a running cluster, with lines of every form.
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {
+                    "enableSuperuserAccess": true,
+                    "pgHba": [
+                        "hostssl shop clerk 10.0.0.0/8 scram-sha-256 clientcert=verify-full",
+                        "hostssl all +auditors,reporter fd00::/8 cert clientname=DN",
+                        "host all all 192.168.1.0 255.255.255.0 reject",
+                        "hostnossl shop clerk .example.com md5",
+                    ],
+                }})),
+            )
+            .await
+            .expect("superuser access and valid pgHba lines are accepted");
         }
         // Unlike its class's name and reclaim policy, whether a pool's class is the
         // cluster's default may change (the agent re-annotates the StorageClass).

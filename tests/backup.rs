@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, apply_manifest, describe, events, jsonpath,
-    phase_and_ready, try_superuser, wait_for,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, describe, events,
+    jsonpath, phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -72,7 +72,7 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
         diagnostics,
     );
 
-    apply_cluster(&ns, CLUSTER, 2, &volumes.class, "");
+    apply_cluster(&ns, CLUSTER, 2, &volumes.class, SUPERUSER_ACCESS);
     wait_for(
         "the cluster Ready/2",
         Duration::from_secs(120),

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, apply_manifest, condition, describe, jsonpath,
-    phase_and_ready, try_superuser, wait_for,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, condition, describe,
+    jsonpath, phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -38,7 +38,13 @@ fn apply_vault(namespace: &str, class: &str, proxy: &s3::TlsProxy, ca: Option<&s
         "  backup: {{endpoint: \"{}\", bucket: {}, credentials: {{secretName: s3}}, compression: none{ca}}}\n",
         proxy.endpoint, env["S3_BUCKET"]
     );
-    apply_cluster(namespace, "vault", 1, class, &backup);
+    apply_cluster(
+        namespace,
+        "vault",
+        1,
+        class,
+        &format!("{backup}{SUPERUSER_ACCESS}"),
+    );
 }
 
 /// Creates Secret `name` with `contents` under `ca.crt`.

@@ -204,6 +204,8 @@ impl Instance {
             .arg(pg_bin_dir())
             .arg("--superuser-password-file")
             .arg(scratch.0.join("superuser"))
+            // These tests read and write as the superuser over TCP.
+            .args(["--superuser-access", "true"])
             .arg("--replication-password-file")
             .arg(scratch.0.join("replication"))
             .arg("--app-password-file")

@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, describe, http_get, jsonpath, secret_value,
-    try_superuser, wait_for,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, describe, http_get, jsonpath,
+    secret_value, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, eventually, kubectl, kubectl_ok};
 
@@ -42,7 +42,7 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         "shop",
         2,
         &volumes.class,
-        "  parameters: {log_statement: all}\n",
+        &format!("  parameters: {{log_statement: all}}\n{SUPERUSER_ACCESS}"),
     );
 
     let diagnostics = || describe(&ns, &logs);

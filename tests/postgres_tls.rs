@@ -3,7 +3,9 @@
 //! CA is handed over); a cluster serves TLS with a certificate from it for its
 //! Services' names, which a client verifies with the application Secret's `ca.crt`
 //! and the `uri`'s `sslmode=verify-full`; plain TCP is refused until
-//! `spec.tls.allowPlaintext` is set, and again when it is unset; replicas stream with
+//! `spec.tls.allowPlaintext` is set, and again when it is unset; the superuser logs in
+//! over the network only once `spec.enableSuperuserAccess` says so, and `spec.pgHba`
+//! lines take effect and are taken back on the running servers; replicas stream with
 //! their client certificate; certificates the operator issues again (here: their
 //! Secrets deleted) are served without a restart, the replica's at its next
 //! connection. An operator told to use a CA Secret that does not exist says so and
@@ -16,8 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, describe, jsonpath, secret_value, try_superuser,
-    wait_for,
+    LocalVolumes, Operator, apply_cluster, condition, describe, events, jsonpath, secret_value,
+    try_superuser, wait_for,
 };
 use support::faults::postmaster_pid;
 use support::postgres::pg_bin_dir;
@@ -89,6 +91,40 @@ fn served_fingerprint(address: &str) -> String {
         b"",
     );
     fingerprint(&served)
+}
+
+/// Waits until a connection with `conninfo` is refused with `reason` (`what` is
+/// refused, for the failure message).
+async fn refused_with(what: &str, conninfo: &str, reason: &str) {
+    eventually(
+        &format!("{what} is refused"),
+        Duration::from_secs(60),
+        || async {
+            match psql(conninfo, &[], "select 1") {
+                Err(refusal) if refusal.contains(reason) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until PostgreSQL at `address` serves the certificate with `fingerprint`
+/// (`what`, for the failure message).
+async fn serves(address: &str, what: &str, fingerprint: &str) {
+    eventually(
+        &format!("{address} serves {what}"),
+        Duration::from_secs(60),
+        || async {
+            let served = served_fingerprint(address);
+            if served == fingerprint {
+                Ok(())
+            } else {
+                Err(served)
+            }
+        },
+    )
+    .await;
 }
 
 /// The serial number of the first certificate in `pem`, in decimal, as
@@ -171,7 +207,7 @@ fn write_file(path: &Path, contents: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
+async fn postgres_serves_tls_from_the_users_ca_and_admits_only_whom_the_spec_names() {
     let client = client().await;
     let namespace = TestNamespace::create(&client, "tls").await;
     let ns = namespace.name.clone();
@@ -252,7 +288,7 @@ async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
         refused.contains("pg_hba.conf rejects connection") && refused.contains("no encryption"),
         "{refused}"
     );
-    let allow = |allowed: bool| {
+    let patch = |spec: &str| {
         kubectl_ok(&[
             "patch",
             "dbc",
@@ -262,10 +298,10 @@ async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
             "--type",
             "merge",
             "-p",
-            &format!("{{\"spec\":{{\"tls\":{{\"allowPlaintext\":{allowed}}}}}}}"),
+            &format!("{{\"spec\":{spec}}}"),
         ]);
     };
-    allow(true);
+    patch("{\"tls\":{\"allowPlaintext\":true}}");
     eventually(
         "plain TCP is accepted with allowPlaintext",
         Duration::from_secs(60),
@@ -278,18 +314,63 @@ async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
         },
     )
     .await;
-    allow(false);
+    patch("{\"tls\":{\"allowPlaintext\":false}}");
+    refused_with("plain TCP without allowPlaintext", &plain, "no encryption").await;
+
+    // The superuser: refused over the network by default (over verified TLS, with the
+    // right password), admitted once the spec allows it, by a reload.
+    let superuser_password = secret_value(&ns, "vault-superuser", "password");
+    let as_user = |user: &str, password: &str| {
+        format!(
+            "host=vault-rw.{ns}.svc hostaddr={rw} user={user} dbname=shop password={password} \
+             sslmode=verify-full sslrootcert={ca_path}"
+        )
+    };
+    let superuser = as_user("postgres", &superuser_password);
+    let app = as_user("clerk", &password);
+    let refused = psql(&superuser, &[], "select 1").expect_err("the superuser by default");
+    assert!(
+        refused.contains("pg_hba.conf rejects connection") && refused.contains("\"postgres\""),
+        "{refused}"
+    );
+    let primary = jsonpath("dbc", "vault", &ns, "{.status.currentPrimary}");
+    let postmaster = postmaster_pid(&ns, &primary);
+    assert!(
+        postmaster.is_some(),
+        "the primary {primary:?} runs a postmaster"
+    );
+    patch("{\"enableSuperuserAccess\":true}");
     eventually(
-        "plain TCP is refused again without allowPlaintext",
+        "the superuser logs in once enableSuperuserAccess is set",
         Duration::from_secs(60),
-        || async {
-            match psql(&plain, &[], "select 1") {
-                Err(refused) if refused.contains("no encryption") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
+        || async { psql(&superuser, &[], "select current_user") },
     )
     .await;
+    // The user's own lines: one refusing the application's user in its database takes
+    // effect, and is taken back; the superuser is not touched by it.
+    patch("{\"pgHba\":[\"hostssl shop clerk 0.0.0.0/0 reject\"]}");
+    refused_with(
+        "clerk by a pgHba line",
+        &app,
+        "pg_hba.conf rejects connection",
+    )
+    .await;
+    assert_eq!(
+        psql(&superuser, &[], "select current_user"),
+        Ok("postgres".to_owned())
+    );
+    patch("{\"pgHba\":null}");
+    eventually(
+        "clerk is admitted again once the line is gone",
+        Duration::from_secs(60),
+        || async { psql(&app, &[], "select current_user") },
+    )
+    .await;
+    assert_eq!(
+        postmaster_pid(&ns, &primary),
+        postmaster,
+        "access follows the spec by reloads, not restarts"
+    );
 
     // Replication runs over TLS with the replication role's client certificate.
     let standby_ssl = || async {
@@ -328,19 +409,7 @@ async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
     );
     let postmaster = postmaster_pid(&ns, "vault-1");
     let renewed = fingerprint(&issued_again(&ns, "vault-server-tls").await);
-    eventually(
-        "the primary serves the new certificate",
-        Duration::from_secs(60),
-        || async {
-            let served = served_fingerprint(&primary_address);
-            if served == renewed {
-                Ok(())
-            } else {
-                Err(served)
-            }
-        },
-    )
-    .await;
+    serves(&primary_address, "the new certificate", &renewed).await;
     assert_eq!(
         postmaster_pid(&ns, "vault-1"),
         postmaster,
@@ -382,9 +451,156 @@ async fn postgres_serves_tls_from_the_users_ca_and_refuses_plain_text() {
         },
     )
     .await;
+
+    // A server certificate the user brings, in cert-manager's layout (tls.crt, tls.key,
+    // ca.crt), from a CA that is not the operator's. One made for another cluster's
+    // name is refused with the reason, and nothing served changes.
+    let web_ca = new_ca(&format!("{ns}-web-ca"));
+    let bring = |secret: &str, cluster: &str| -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("{ns}-{secret}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let status = Command::new(env!("CARGO_BIN_EXE_castellan"))
+            .args(["pki", "postgres", "--ca"])
+            .arg(&web_ca)
+            .args(["--cluster", cluster, "--namespace", &ns, "--out"])
+            .arg(&dir)
+            .status()
+            .expect("castellan pki postgres");
+        assert!(status.success());
+        let file = |key: &str| format!("--from-file={key}={}", dir.join(key).display());
+        kubectl_ok(&[
+            "create",
+            "secret",
+            "generic",
+            secret,
+            "-n",
+            &ns,
+            "--type=kubernetes.io/tls",
+            &file("tls.crt"),
+            &file("tls.key"),
+            &file("ca.crt"),
+        ]);
+        dir
+    };
+    let wrong = bring("other-name-tls", "other");
+    patch("{\"tls\":{\"serverCertificate\":{\"secretName\":\"other-name-tls\"}}}");
+    wait_for(
+        "a certificate for another name is refused",
+        Duration::from_secs(60),
+        || condition(&ns, "vault", "ServerCertificate") == "False/CertificateRefused",
+        diagnostics,
+    );
+    let refusal = jsonpath(
+        "dbc",
+        "vault",
+        &ns,
+        "{.status.conditions[?(@.type==\"ServerCertificate\")].message}",
+    );
+    assert!(
+        refusal.contains(&format!("vault-rw.{ns}.svc")) && refusal.contains("keeps serving"),
+        "{refusal}"
+    );
+    assert!(!events(&ns, "CertificateRefused").is_empty());
+    assert_eq!(served_fingerprint(&primary_address), renewed);
+
+    // One for its name is served without a restart; the application Secret's ca.crt
+    // becomes the user's CA, which clients verify with, and the replica follows its
+    // primary verified with it.
+    let right = bring("web-tls", "vault");
+    let web_certificate =
+        fingerprint(&std::fs::read_to_string(right.join("tls.crt")).expect("the certificate"));
+    patch("{\"tls\":{\"serverCertificate\":{\"secretName\":\"web-tls\"}}}");
+    serves(
+        &primary_address,
+        "the certificate the user brought",
+        &web_certificate,
+    )
+    .await;
+    assert_eq!(condition(&ns, "vault", "ServerCertificate"), "True/Brought");
+    let web_ca_pem = std::fs::read_to_string(web_ca.join("tls.crt")).expect("the web CA");
+    eventually(
+        "the application Secret carries the user's CA",
+        Duration::from_secs(30),
+        || async {
+            let ca = secret_value(&ns, "vault-app", "ca.crt");
+            if fingerprint(&ca) == fingerprint(&web_ca_pem) {
+                Ok(ca)
+            } else {
+                Err("not yet".to_owned())
+            }
+        },
+    )
+    .await;
+    let web_ca_file = ca_dir.join("web-ca.crt");
+    write_file(&web_ca_file, &web_ca_pem);
+    let web_ca_path = web_ca_file.display().to_string();
+    assert_eq!(
+        psql(
+            &uri,
+            &[
+                ("PGHOSTADDR", rw.as_str()),
+                ("PGSSLROOTCERT", web_ca_path.as_str())
+            ],
+            "select 1"
+        ),
+        Ok("1".to_owned()),
+        "the URI verifies the user's certificate with the Secret's CA"
+    );
+    assert_eq!(
+        postmaster_pid(&ns, "vault-1"),
+        postmaster,
+        "served after a reload, not a restart"
+    );
+    eventually(
+        "vault-2 streams again, verifying its primary with the user's CA",
+        Duration::from_secs(60),
+        || async {
+            let mut superuser = try_superuser(&ns, "vault", "vault-1").await?;
+            let cut: Vec<i32> = sqlx::query_scalar(
+                "select pid from pg_stat_replication where application_name = 'vault-2' \
+                 and backend_start < now() - interval '2 seconds'",
+            )
+            .fetch_all(&mut superuser)
+            .await
+            .map_err(|e| e.to_string())?;
+            if cut.is_empty() && standby_ssl().await.is_ok() {
+                return Ok(());
+            }
+            // Cut its older connections: the one it makes next verifies the new
+            // certificate.
+            sqlx::query(
+                "select pg_terminate_backend(pid) from pg_stat_replication \
+                 where application_name = 'vault-2' and backend_start < now() - interval '2 seconds'",
+            )
+            .execute(&mut superuser)
+            .await
+            .map_err(|e| e.to_string())?;
+            Err("reconnecting".to_owned())
+        },
+    )
+    .await;
+
+    // Taken back: Castellan issues its own again.
+    patch("{\"tls\":{\"serverCertificate\":null}}");
+    eventually(
+        "the primary serves Castellan's certificate again",
+        Duration::from_secs(60),
+        || async {
+            let served = served_fingerprint(&primary_address);
+            let issued = fingerprint(&secret_value(&ns, "vault-server-tls", "tls.crt"));
+            if served != web_certificate && served == issued {
+                Ok(())
+            } else {
+                Err(served)
+            }
+        },
+    )
+    .await;
+    assert_eq!(condition(&ns, "vault", "ServerCertificate"), "/");
     drop(operator);
-    let _ = std::fs::remove_dir_all(&ca_dir);
-    let _ = std::fs::remove_dir_all(&other_ca);
+    for dir in [&ca_dir, &other_ca, &web_ca, &wrong, &right] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 use support::cluster::{
-    LocalVolumes, Operator, apply_manifest, condition, describe, events, jsonpath, phase_and_ready,
-    try_superuser, wait_for,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_manifest, condition, describe, events,
+    jsonpath, phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -58,7 +58,7 @@ fn apply_restored(namespace: &str, name: &str, class: &str, recovery: &str) {
             "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: {name}}}\nspec:\n  \
              engine: postgresql\n  version: \"15\"\n  replicas: 1\n  \
              storage: {{size: 1Gi, storageClassName: {class}}}\n  \
-             bootstrap: {{recovery: {recovery}}}\n  backup: {}\n",
+             bootstrap: {{recovery: {recovery}}}\n  backup: {}\n{SUPERUSER_ACCESS}",
             s3::backup_target(None, "")
         ),
     );

@@ -258,6 +258,44 @@ pub struct DatabaseClusterSpec {
     /// How clients reach PostgreSQL: over TLS only, by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsPolicy>,
+
+    /// Whether the superuser `postgres` may log in over the network (with the password
+    /// in `<name>-superuser`). Default false: only the instance manager uses it, over
+    /// the pod's local socket. Can be switched on a running cluster.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enable_superuser_access: bool,
+
+    /// More `pg_hba.conf` lines, such as `hostssl shop clerk 10.0.0.0/8 scram-sha-256`
+    /// or `host all all 192.168.0.0/16 reject`. They come after Castellan's own lines
+    /// (replication, the superuser) and before its default (a password over TLS for
+    /// everyone else), so they can refuse or narrow access, or admit by certificate.
+    /// Types host, hostssl, hostnossl; methods scram-sha-256, md5, cert, reject; see
+    /// docs/security.md. Can be changed on a running cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "pg_hba_schema")]
+    pub pg_hba: Vec<String>,
+}
+
+/// `spec.pgHba`'s schema: each line checked at admission with the patterns the
+/// instance manager checks with again (`crate::pg_hba`).
+fn pg_hba_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    use crate::pg_hba::{
+        FORM_MESSAGE, IPV6_MESSAGE, IPV6_RULE, MAX_RULE_LENGTH, MAX_RULES, RESERVED_MESSAGE,
+        RESERVED_PATTERN, RULE_PATTERN,
+    };
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": MAX_RULES,
+        "items": {
+            "type": "string",
+            "maxLength": MAX_RULE_LENGTH,
+            "x-kubernetes-validations": [
+                {"rule": format!("self.matches('{}')", *RULE_PATTERN), "message": FORM_MESSAGE},
+                {"rule": format!("!self.matches('{}')", *RESERVED_PATTERN), "message": RESERVED_MESSAGE, "reason": "FieldValueForbidden"},
+                {"rule": IPV6_RULE, "message": IPV6_MESSAGE},
+            ],
+        },
+    })
 }
 
 /// PostgreSQL's TLS. The server certificate (for the Services' names), the
@@ -271,12 +309,41 @@ pub struct TlsPolicy {
     /// uses TLS with certificate authentication either way.
     #[serde(default)]
     pub allow_plaintext: bool,
+
+    /// PostgreSQL's server certificate from a Secret of yours (for example one
+    /// cert-manager keeps) instead of Castellan's CA: a `kubernetes.io/tls` Secret in
+    /// the cluster's namespace with `tls.crt` (intermediates after the leaf),
+    /// `tls.key`, and `ca.crt`, the CA clients and replicas verify it with. It must
+    /// name `<cluster>-rw.<namespace>.svc`. Followed as it changes (a renewal is
+    /// served without a restart); a Secret that is missing or cannot be served is
+    /// reported in the `ServerCertificate` condition and never replaces the
+    /// certificate being served. May be set, changed or removed on a running cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_certificate: Option<SecretName>,
+}
+
+/// A Secret in the cluster's namespace, by name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretName {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
 }
 
 impl DatabaseClusterSpec {
     /// Whether clients may connect without TLS (`spec.tls.allowPlaintext`).
     pub fn allows_plaintext(&self) -> bool {
         self.tls.as_ref().is_some_and(|tls| tls.allow_plaintext)
+    }
+
+    /// The Secret of the user's own PostgreSQL server certificate, when they bring one
+    /// (`spec.tls.serverCertificate`).
+    pub fn server_certificate_secret(&self) -> Option<&str> {
+        self.tls
+            .as_ref()
+            .and_then(|tls| tls.server_certificate.as_ref())
+            .map(|secret| secret.secret_name.as_str())
     }
 }
 

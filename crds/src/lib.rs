@@ -15,6 +15,7 @@ pub mod backup;
 pub mod backup_schedule;
 pub mod block_device;
 pub mod database_cluster;
+pub mod pg_hba;
 pub mod quantity;
 pub mod render;
 pub mod retention;

@@ -152,7 +152,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         restoring: published.restoring,
         verification: published.verification,
         tls: Some(published.tls),
-        allow_plaintext: Some(published.allow_plaintext),
+        access: Some(published.access),
     };
     if !published.running {
         report.error = Some("postgres is not running".to_owned());
@@ -348,7 +348,12 @@ async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadReques
     // Admission refuses these already; this is the second line, for a request that did
     // not come through a DatabaseCluster (archive_command runs any shell command, a
     // line break in a name writes any setting).
-    let refused = body.parameters.as_ref().map(refused).unwrap_or_default();
+    let mut refused = body.parameters.as_ref().map(refused).unwrap_or_default();
+    // The same for the user's pg_hba lines: one PostgreSQL cannot load stops its next
+    // start.
+    if let Some(access) = &body.access {
+        refused.extend(castellan_crds::pg_hba::rules_problems(&access.hba));
+    }
     if !refused.is_empty() {
         return (
             StatusCode::BAD_REQUEST,
@@ -369,7 +374,7 @@ async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadReques
             parameters: body.parameters,
             synchronous_standby_names: body.synchronous_standby_names,
             slots: body.slots,
-            allow_plaintext: body.allow_plaintext,
+            access: body.access,
         },
     )
     .await

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::tls::{Files, Transport};
+use crate::instance_api::Access;
 
 /// Name of the role replicas stream with (their client certificate's common name).
 pub const REPLICATION_USER: &str = crate::pki::REPLICATION_ROLE;
@@ -223,42 +224,63 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
     conf
 }
 
-/// Renders `pg_hba.conf`. The local socket (in a directory only the instance's user
-/// can enter) is trusted. Over TLS, the replication role authenticates with its client
-/// certificate (for streaming, and in the `postgres` database for pg_rewind and the
-/// timeline check) and everyone else with a SCRAM password; plain TCP is refused
-/// unless `allow_plaintext`. Without TLS (a build that cannot serve it, with plain
-/// text allowed) replication and clients use SCRAM passwords; an instance with
-/// neither accepts nothing over TCP. The first line that matches decides.
-pub fn render_pg_hba(transport: &Transport, allow_plaintext: bool) -> String {
+/// Renders `pg_hba.conf`. The first line that matches decides, so the order is the
+/// policy:
+/// 1. the local socket (in a directory only the instance's user can enter) is trusted;
+/// 2. the replication role: over TLS with its client certificate (streaming, and in
+///    the `postgres` database for pg_rewind and the timeline check) and nowhere else;
+///    without TLS (a build that cannot serve it, with plain text allowed) by password;
+/// 3. the superuser is refused over the network unless `access.superuser`;
+/// 4. the user's lines (`spec.pgHba`, checked by [`pg_hba::rule_problem`]; the caller
+///    leaves them out when any is refused), which can narrow or refuse access or admit
+///    by certificate, but cannot reach 1–3, which come first;
+/// 5. everyone else by SCRAM password over TLS, and over plain TCP too when
+///    `access.allow_plaintext`; then everything else is refused, said explicitly so
+///    that a refused client reads "pg_hba.conf rejects".
+///
+/// An instance with neither TLS nor plain text allowed accepts nothing over TCP.
+pub fn render_pg_hba(transport: &Transport, access: &Access) -> String {
     let mut hba = String::from(
         "# Written by castellan instance; edits are lost.\n\
          local all all trust\n\
          local replication all trust\n",
     );
-    match transport {
+    let serving = match transport {
         Transport::Tls(_) => {
             let _ = write!(
                 hba,
                 "hostssl replication {REPLICATION_USER} all cert\n\
                  hostssl postgres {REPLICATION_USER} all cert\n\
-                 hostssl all {REPLICATION_USER} all reject\n\
-                 hostssl all all all scram-sha-256\n"
+                 host all {REPLICATION_USER} all reject\n"
             );
-            if allow_plaintext {
-                hba.push_str("hostnossl all all all scram-sha-256\n");
+            true
+        }
+        Transport::Plain if access.allow_plaintext => {
+            let _ = writeln!(hba, "host replication {REPLICATION_USER} all scram-sha-256");
+            true
+        }
+        Transport::Plain => false,
+    };
+    if serving {
+        if !access.superuser {
+            hba.push_str("host all postgres all reject\n");
+        }
+        if !access.hba.is_empty() {
+            hba.push_str("# spec.pgHba\n");
+            for line in &access.hba {
+                let _ = writeln!(hba, "{line}");
             }
         }
-        Transport::Plain if allow_plaintext => {
-            let _ = write!(
-                hba,
-                "host replication {REPLICATION_USER} all scram-sha-256\n\
-                 host all all all scram-sha-256\n"
-            );
+        match transport {
+            Transport::Tls(_) => {
+                hba.push_str("hostssl all all all scram-sha-256\n");
+                if access.allow_plaintext {
+                    hba.push_str("hostnossl all all all scram-sha-256\n");
+                }
+            }
+            Transport::Plain => hba.push_str("host all all all scram-sha-256\n"),
         }
-        Transport::Plain => {}
     }
-    // Said explicitly, so that a refused client reads "pg_hba.conf rejects".
     hba.push_str("host replication all all reject\nhost all all all reject\n");
     hba
 }
@@ -450,9 +472,74 @@ mod tests {
             .unwrap_or_else(|| "none".to_owned())
     }
 
+    fn plaintext(allow_plaintext: bool) -> Access {
+        Access {
+            allow_plaintext,
+            ..Access::default()
+        }
+    }
+
+    #[test]
+    fn the_superuser_logs_in_over_the_network_only_when_allowed() {
+        for transport in [Transport::Tls(tls_files()), Transport::Plain] {
+            let closed = render_pg_hba(&transport, &plaintext(true));
+            assert_eq!(method(&closed, true, "app", "postgres"), "reject");
+            assert_eq!(method(&closed, false, "app", "postgres"), "reject");
+            let open = render_pg_hba(
+                &transport,
+                &Access {
+                    superuser: true,
+                    ..plaintext(true)
+                },
+            );
+            assert_eq!(method(&open, true, "app", "postgres"), "scram-sha-256");
+        }
+    }
+
+    #[test]
+    fn the_users_lines_come_after_castellans_and_before_the_default() {
+        let access = Access {
+            hba: vec![
+                "hostssl audit all 10.0.0.0/8 reject".to_owned(),
+                "hostssl shop auditor all cert".to_owned(),
+            ],
+            ..Access::default()
+        };
+        let hba = render_pg_hba(&Transport::Tls(tls_files()), &access);
+        // Their lines decide for their users…
+        assert_eq!(method(&hba, true, "shop", "auditor"), "cert");
+        assert_eq!(method(&hba, true, "audit", "clerk"), "reject");
+        // …but cannot reach replication or the superuser, which come first…
+        assert_eq!(method(&hba, true, "replication", REPLICATION_USER), "cert");
+        assert_eq!(method(&hba, true, "app", "postgres"), "reject");
+        // …and everyone else still gets the default.
+        assert_eq!(method(&hba, true, "app", "clerk"), "scram-sha-256");
+        let lines: Vec<&str> = hba.lines().collect();
+        let position = |wanted: &str| lines.iter().position(|l| *l == wanted);
+        assert!(
+            position("host all postgres all reject")
+                < position("hostssl audit all 10.0.0.0/8 reject")
+                && position("hostssl shop auditor all cert")
+                    < position("hostssl all all all scram-sha-256"),
+            "{hba}"
+        );
+    }
+
+    #[test]
+    fn without_a_transport_the_users_lines_open_nothing() {
+        let access = Access {
+            superuser: true,
+            hba: vec!["host all all 10.0.0.0/8 md5".to_owned()],
+            ..Access::default()
+        };
+        let hba = render_pg_hba(&Transport::Plain, &access);
+        assert!(!hba.contains("10.0.0.0/8"), "{hba}");
+        assert_eq!(method(&hba, false, "app", "postgres"), "reject");
+    }
+
     #[test]
     fn over_tls_replication_needs_its_certificate_and_plain_text_is_refused() {
-        let hba = render_pg_hba(&Transport::Tls(tls_files()), false);
+        let hba = render_pg_hba(&Transport::Tls(tls_files()), &Access::default());
         assert_eq!(method(&hba, true, "replication", REPLICATION_USER), "cert");
         assert_eq!(method(&hba, true, "postgres", REPLICATION_USER), "cert");
         assert_eq!(method(&hba, true, "app", REPLICATION_USER), "reject");
@@ -473,7 +560,7 @@ mod tests {
 
     #[test]
     fn allowed_plain_text_takes_passwords_but_never_replication() {
-        let hba = render_pg_hba(&Transport::Tls(tls_files()), true);
+        let hba = render_pg_hba(&Transport::Tls(tls_files()), &plaintext(true));
         assert_eq!(method(&hba, false, "app", "clerk"), "scram-sha-256");
         assert_eq!(method(&hba, true, "app", "clerk"), "scram-sha-256");
         assert_eq!(
@@ -484,13 +571,13 @@ mod tests {
 
     #[test]
     fn without_tls_only_allowed_plain_text_reaches_the_server() {
-        let allowed = render_pg_hba(&Transport::Plain, true);
+        let allowed = render_pg_hba(&Transport::Plain, &plaintext(true));
         assert_eq!(
             method(&allowed, false, "replication", REPLICATION_USER),
             "scram-sha-256"
         );
         assert_eq!(method(&allowed, false, "app", "clerk"), "scram-sha-256");
-        let refused = render_pg_hba(&Transport::Plain, false);
+        let refused = render_pg_hba(&Transport::Plain, &plaintext(false));
         assert_eq!(method(&refused, false, "app", "clerk"), "reject");
         assert_eq!(method(&refused, true, "app", "clerk"), "reject");
         assert_eq!(

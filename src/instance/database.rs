@@ -362,6 +362,18 @@ pub async fn reload(pool: &PgPool) -> Result<(), DatabaseError> {
     Ok(())
 }
 
+/// The lines of pg_hba.conf, as it is on disk now, that PostgreSQL cannot load, each
+/// with its reason (`pg_hba_file_rules` reads the file, not the rules in force).
+pub async fn hba_errors(pool: &PgPool) -> Result<Vec<String>, DatabaseError> {
+    sqlx::query_scalar(
+        "select format('line %s: %s', line_number, error) from pg_hba_file_rules \
+         where error is not null order by line_number",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(query("checking pg_hba.conf"))
+}
+
 /// Settings changed in the files that need a restart to apply.
 pub async fn pending_restart(pool: &PgPool) -> Result<Vec<String>, DatabaseError> {
     sqlx::query_scalar("select name from pg_settings where pending_restart order by name")

@@ -46,8 +46,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::instance_api::{
-    FenceResponse, LeaseGrant, PromoteRequest, PromoteResponse, ReloadResponse, RestoreRequest,
-    RunningRole, slot_name,
+    Access, FenceResponse, LeaseGrant, PromoteRequest, PromoteResponse, ReloadResponse,
+    RestoreRequest, RunningRole, slot_name,
 };
 use bootstrap::Binaries;
 use config::{Role, Upstream};
@@ -167,6 +167,14 @@ pub struct InstanceArgs {
     /// changes it by reload).
     #[arg(long, env = "CASTELLAN_ALLOW_PLAINTEXT", default_value_t = false, action = clap::ArgAction::Set)]
     pub allow_plaintext: bool,
+    /// The superuser may log in over the network (`spec.enableSuperuserAccess`; the
+    /// operator changes it by reload).
+    #[arg(long, env = "CASTELLAN_SUPERUSER_ACCESS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub superuser_access: bool,
+    /// JSON array of the user's own pg_hba.conf lines (`spec.pgHba`; the operator
+    /// changes them by reload).
+    #[arg(long, env = "CASTELLAN_PG_HBA", default_value = "[]")]
+    pub pg_hba: String,
 }
 
 /// A request from the HTTP API, carried out by the supervisor one at a time so that
@@ -180,7 +188,7 @@ pub enum Request {
         parameters: Option<BTreeMap<String, String>>,
         synchronous_standby_names: Option<String>,
         slots: Option<Vec<String>>,
-        allow_plaintext: Option<bool>,
+        access: Option<Access>,
     },
     Restore(Box<RestoreRequest>),
 }
@@ -204,9 +212,10 @@ pub struct Published {
     pub restoring: Option<String>,
     /// A scratch instance's verdict on the backup it restored.
     pub verification: Option<crate::instance_api::VerificationReport>,
-    /// Whether PostgreSQL serves TLS, and whether it takes plain TCP too.
+    /// Whether PostgreSQL serves TLS.
     pub tls: bool,
-    pub allow_plaintext: bool,
+    /// Who may connect how, as pg_hba.conf is written.
+    pub access: Access,
 }
 
 /// What the HTTP API and the heartbeat share with the supervisor.
@@ -248,7 +257,7 @@ impl Shared {
     }
 }
 
-/// Everything fixed for the life of the process (but `allow_plaintext`).
+/// Everything fixed for the life of the process (but `access`).
 struct Instance {
     args: InstanceArgs,
     binaries: Binaries,
@@ -257,10 +266,12 @@ struct Instance {
     /// The mounted certificates, their private copies and whether the build can serve
     /// them, when the pod has them.
     certificates: Option<tls::Certificates>,
-    /// `spec.tls.allowPlaintext` as last sent. The one setting of the configuration
-    /// that is not a server parameter and still changes with the spec; an atomic so
-    /// that every file written reads the current value.
-    allow_plaintext: std::sync::atomic::AtomicBool,
+    /// Who may connect how (`spec.tls.allowPlaintext`, `spec.enableSuperuserAccess`,
+    /// `spec.pgHba`) as last sent: the settings of the configuration that are not
+    /// server parameters and still change with the spec. Behind a lock, so that
+    /// every file written reads the current value without each writer taking it as an
+    /// argument; held only to copy or replace it.
+    access: std::sync::RwLock<Access>,
 }
 
 /// The roles' passwords as the mounted Secret files hold them.
@@ -371,9 +382,23 @@ enum Holds {
 }
 
 impl Instance {
+    fn access(&self) -> Access {
+        // A poisoned lock still holds a whole value: it is only ever replaced whole.
+        self.access
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_access(&self, access: Access) {
+        *self
+            .access
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = access;
+    }
+
     fn allows_plaintext(&self) -> bool {
-        self.allow_plaintext
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.access().allow_plaintext
     }
 
     /// TLS or plain TCP, or why the server must not run.
@@ -493,7 +518,7 @@ impl Instance {
     }
 
     fn pg_hba(&self) -> String {
-        config::render_pg_hba(&self.transport(), self.allows_plaintext())
+        config::render_pg_hba(&self.transport(), &self.access())
     }
 
     /// Fills an empty volume as the operator allows: initdb for a cluster that never
@@ -819,7 +844,7 @@ impl Supervisor {
             restoring: self.restoring.clone(),
             verification: self.verification.clone(),
             tls,
-            allow_plaintext: self.instance.allows_plaintext(),
+            access: self.instance.access(),
         });
     }
 
@@ -980,14 +1005,9 @@ impl Supervisor {
                 parameters,
                 synchronous_standby_names,
                 slots,
-                allow_plaintext,
+                access,
             } => self
-                .reload(
-                    parameters,
-                    synchronous_standby_names,
-                    slots,
-                    allow_plaintext,
-                )
+                .reload(parameters, synchronous_standby_names, slots, access)
                 .await
                 .map(to_json),
             Request::Restore(request) => self.accept_restore(*request),
@@ -1287,18 +1307,20 @@ impl Supervisor {
         parameters: Option<BTreeMap<String, String>>,
         sync_names: Option<String>,
         slots: Option<Vec<String>>,
-        allow_plaintext: Option<bool>,
+        access: Option<Access>,
     ) -> Result<ReloadResponse, String> {
-        if let Some(allow) = allow_plaintext
-            && allow != self.instance.allows_plaintext()
-        {
+        // The access before this request, to go back to if PostgreSQL cannot read the
+        // new pg_hba.conf.
+        let previous_access = self.instance.access();
+        let access_changed = access.as_ref().is_some_and(|a| *a != previous_access);
+        if let Some(access) = access.filter(|_| access_changed) {
             tracing::info!(
-                allow,
-                "plain TCP connections follow spec.tls.allowPlaintext"
+                allow_plaintext = access.allow_plaintext,
+                superuser = access.superuser,
+                hba_lines = access.hba.len(),
+                "network access follows spec.tls.allowPlaintext, spec.enableSuperuserAccess and spec.pgHba"
             );
-            self.instance
-                .allow_plaintext
-                .store(allow, std::sync::atomic::Ordering::Relaxed);
+            self.instance.set_access(access);
         }
         // New parameters are written only once PostgreSQL has accepted them; refused,
         // the last good ones stay in force and the refusal is reported.
@@ -1338,6 +1360,9 @@ impl Supervisor {
             // Written; the next start reads it.
             return Ok(ReloadResponse::default());
         }
+        if access_changed {
+            self.vet_pg_hba(&role, previous_access).await?;
+        }
         database::reload(&self.pool)
             .await
             .map_err(|e| e.to_string())?;
@@ -1355,6 +1380,39 @@ impl Supervisor {
             .map(|pending_restart| ReloadResponse { pending_restart })
             .map_err(|e| e.to_string())
     }
+
+    /// Asks the running server whether it can load the pg_hba.conf just written
+    /// (`pg_hba_file_rules` reads the file, not the rules in force): the checks of
+    /// `pg_hba::rule_problem` are meant to admit only lines every build loads, and
+    /// this is the proof before a reload. A file it cannot load is replaced by the one
+    /// written from `previous` (a reload would keep the old rules anyway, but the next
+    /// start would fail on it) and the reload is refused with PostgreSQL's reasons.
+    async fn vet_pg_hba(&mut self, role: &Role, previous: Access) -> Result<(), String> {
+        let errors = match database::hba_errors(&self.pool).await {
+            Ok(errors) => errors,
+            Err(error) => {
+                tracing::warn!(%error, "could not have PostgreSQL check pg_hba.conf; reloading as written");
+                return Ok(());
+            }
+        };
+        if errors.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            ?errors,
+            "PostgreSQL cannot load the new pg_hba.conf; keeping the last good one"
+        );
+        self.instance.set_access(previous);
+        self.instance
+            .write_config(role, &self.parameters, &self.sync_names)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.publish();
+        Err(format!(
+            "refused the pg_hba lines: PostgreSQL cannot load them: {}",
+            errors.join("; ")
+        ))
+    }
 }
 
 /// Quotes a word for the shell PostgreSQL runs `archive_command` with.
@@ -1364,6 +1422,31 @@ fn shell_quote(word: &str) -> String {
 
 fn to_json(value: impl serde::Serialize) -> serde_json::Value {
     serde_json::to_value(value).unwrap_or_default()
+}
+
+/// Who may connect how when the manager starts, from its arguments (the pod spec's
+/// copy of the cluster's spec). Admission and the API refuse pg_hba lines that could
+/// stop PostgreSQL from starting; should such lines reach the arguments anyway, the
+/// server starts refusing every client but replication (never more open than asked,
+/// and never a crash loop), and logs why.
+fn initial_access(args: &InstanceArgs) -> anyhow::Result<Access> {
+    let hba: Vec<String> = serde_json::from_str(&args.pg_hba)
+        .context("parsing --pg-hba as a JSON array of pg_hba.conf lines")?;
+    let problems = castellan_crds::pg_hba::rules_problems(&hba);
+    let hba = if problems.is_empty() {
+        hba
+    } else {
+        tracing::error!(
+            ?problems,
+            "refusing every client but replication: the pg_hba lines cannot be loaded"
+        );
+        vec!["host all all all reject".to_owned()]
+    };
+    Ok(Access {
+        allow_plaintext: args.allow_plaintext,
+        superuser: args.superuser_access,
+        hba,
+    })
 }
 
 /// Runs the instance manager until SIGTERM or SIGINT.
@@ -1414,7 +1497,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         socket_dir: socket_dir.clone(),
         passfile,
         certificates,
-        allow_plaintext: std::sync::atomic::AtomicBool::new(args.allow_plaintext),
+        access: std::sync::RwLock::new(initial_access(&args)?),
         args,
     });
     if let tls::Decision::Refuse(reason) = instance.tls_decision() {

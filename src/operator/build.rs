@@ -26,6 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
+use crate::instance_api::Access;
 use crate::pki::Issued;
 
 /// Label every owned object carries: the cluster's name.
@@ -220,10 +221,22 @@ pub fn tls_secret(
     ca_pem: &str,
     issued: &Issued,
 ) -> Secret {
+    owned_tls_secret(cluster, suffix, ca_pem, &issued.cert_pem, &issued.key_pem)
+}
+
+/// A `kubernetes.io/tls` Secret `<cluster>-<suffix>` the cluster owns: `ca.crt`,
+/// `tls.crt`, `tls.key`.
+pub fn owned_tls_secret(
+    cluster: &DatabaseCluster,
+    suffix: &str,
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Secret {
     let data = vec![
         ("ca.crt", ca_pem.to_owned()),
-        ("tls.crt", issued.cert_pem.clone()),
-        ("tls.key", issued.key_pem.clone()),
+        ("tls.crt", cert_pem.to_owned()),
+        ("tls.key", key_pem.to_owned()),
     ];
     owned_secret(cluster, suffix, "kubernetes.io/tls", data)
 }
@@ -453,6 +466,16 @@ pub fn scratch(
     (claim, pod)
 }
 
+/// Who may connect to the cluster's PostgreSQL how, as its spec says: what every
+/// instance writes pg_hba.conf from (the pods start with it, reloads keep it current).
+pub fn access(cluster: &DatabaseCluster) -> Access {
+    Access {
+        allow_plaintext: cluster.spec.allows_plaintext(),
+        superuser: cluster.spec.enable_superuser_access,
+        hba: cluster.spec.pg_hba.clone(),
+    }
+}
+
 /// `synchronous_standby_names` for a primary whose standbys are `standbys`: empty
 /// (asynchronous) unless the spec asks for a sync quorum, then `ANY n (…)` over the
 /// standbys, with `n` capped by how many exist so that writes are not blocked forever
@@ -559,6 +582,7 @@ pub fn pod(
             .is_some_and(|b| b.recovery.is_some());
     let parameters =
         serde_json::to_string(&cluster.spec.parameters).unwrap_or_else(|_| "{}".to_owned());
+    let access = access(cluster);
     let secret_volume = |what: &str| Volume {
         name: what.to_owned(),
         secret: Some(SecretVolumeSource {
@@ -648,7 +672,13 @@ pub fn pod(
                 ),
                 env(
                     "CASTELLAN_ALLOW_PLAINTEXT",
-                    cluster.spec.allows_plaintext().to_string(),
+                    access.allow_plaintext.to_string(),
+                ),
+                env("CASTELLAN_SUPERUSER_ACCESS", access.superuser.to_string()),
+                // A list of strings always serialises.
+                env(
+                    "CASTELLAN_PG_HBA",
+                    serde_json::to_string(&access.hba).unwrap_or_else(|_| "[]".into()),
                 ),
             ]
             .into_iter()
@@ -1186,6 +1216,12 @@ mod tests {
             Some("false"),
             "TLS only unless spec.tls.allowPlaintext"
         );
+        assert_eq!(
+            env["CASTELLAN_SUPERUSER_ACCESS"].as_deref(),
+            Some("false"),
+            "no superuser login over the network unless spec.enableSuperuserAccess"
+        );
+        assert_eq!(env["CASTELLAN_PG_HBA"].as_deref(), Some("[]"));
         let mounted: Vec<&str> = container
             .volume_mounts
             .iter()

@@ -23,7 +23,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
 use super::build;
-use super::cluster::Note;
+use super::cluster::{Assessment, Note};
 use crate::pki::{self, Authority, Issued, PkiError, Standing};
 
 /// The CA's Secret, in the operator's namespace.
@@ -282,30 +282,12 @@ pub async fn ensure_certificate(
             "issuing {} for {expected}",
             which.describe()
         )))?;
-    let mut secret = build::tls_secret(cluster, which.suffix(), authority.cert_pem(), &issued);
+    let secret = build::tls_secret(cluster, which.suffix(), authority.cert_pem(), &issued);
     let expires = k8s_openapi::jiff::Timestamp::try_from(issued.not_after)
         .map(|t| t.to_string())
         .unwrap_or_else(|_| "?".to_owned());
-    let written = match existing {
-        None => secrets.create(&PostParams::default(), &secret).await,
-        Some(old) => {
-            // Conditional on what was read, so two writers cannot both replace it.
-            secret.metadata.resource_version = old.resource_version();
-            secrets
-                .replace(&name, &PostParams::default(), &secret)
-                .await
-        }
-    };
-    match written {
-        Ok(_) => {}
-        // Someone else wrote it meanwhile; the next pass looks at theirs.
-        Err(kube::Error::Api(status)) if status.code == 409 => return Ok(None),
-        Err(source) => {
-            return Err(Error::Kube {
-                what: format!("writing Secret {namespace}/{name}"),
-                source,
-            });
-        }
+    if !write_secret(&secrets, existing, secret).await? {
+        return Ok(None);
     }
     tracing::info!(secret = %name, %reason, %expires, "issued {}", which.describe());
     Ok(Some(Note::normal(
@@ -315,6 +297,155 @@ pub async fn ensure_certificate(
             which.describe()
         ),
     )))
+}
+
+/// Creates `secret`, or replaces `existing` with it conditionally on what was read, so
+/// that two writers cannot both win. `false` when someone else wrote it meanwhile (the
+/// next pass looks at theirs).
+async fn write_secret(
+    secrets: &Api<Secret>,
+    existing: Option<Secret>,
+    mut secret: Secret,
+) -> Result<bool, Error> {
+    let name = secret.name_any();
+    let written = match existing {
+        None => secrets.create(&PostParams::default(), &secret).await,
+        Some(old) => {
+            secret.metadata.resource_version = old.resource_version();
+            secrets
+                .replace(&name, &PostParams::default(), &secret)
+                .await
+        }
+    };
+    match written {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(source) => Err(Error::Kube {
+            what: format!(
+                "writing Secret {}/{name}",
+                secret.namespace().unwrap_or_default()
+            ),
+            source,
+        }),
+    }
+}
+
+/// What following the user's own server certificate (`spec.tls.serverCertificate`)
+/// came to.
+pub struct Brought {
+    /// The Event to record when `<cluster>-server-tls` was written.
+    pub note: Option<Note>,
+    /// The `ServerCertificate` condition.
+    pub assessment: Assessment,
+    /// The CA clients verify the served certificate with (the application Secret's
+    /// `ca.crt`), when one is served.
+    pub served_ca: Option<String>,
+}
+
+/// Keeps `<cluster>-server-tls`, which the pods mount, a copy of the user's Secret
+/// `source`, as long as it can be served: the key belongs to the certificate and the
+/// certificate verifies for the `-rw` name with the Secret's `ca.crt`. A Secret that is
+/// missing or cannot be served never replaces what is served (replicas verify their
+/// primary with it, so a wrong one would cut replication); the condition says why.
+/// Copying, rather than mounting the user's Secret, lets the setting change on a
+/// running cluster without new pods, and keeps the pods' Secrets Castellan's own.
+pub async fn follow_brought_certificate(
+    client: &Client,
+    cluster: &DatabaseCluster,
+    source: &str,
+) -> Result<Brought, Error> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let target = build::secret_name(cluster, build::SERVER_TLS);
+    let read = |name: String| {
+        let secrets = secrets.clone();
+        let namespace = namespace.clone();
+        async move {
+            secrets
+                .get_opt(&name)
+                .await
+                .map_err(kube_error(format!("reading Secret {namespace}/{name}")))
+        }
+    };
+    let served = read(target.clone()).await?;
+    let served_ca = served
+        .as_ref()
+        .and_then(|s| s.data.as_ref())
+        .and_then(|data| text(data, "ca.crt"));
+    let expected = pki::postgres_server_name(&cluster.name_any(), &namespace);
+    let refused = |why: String| Brought {
+        note: None,
+        assessment: Assessment::new(
+            false,
+            "CertificateRefused",
+            format!(
+                "the server certificate in Secret {source} (spec.tls.serverCertificate) is not served: {why}; {}",
+                if served.is_some() {
+                    "PostgreSQL keeps serving the certificate it has"
+                } else {
+                    "the instances wait for a certificate they can serve"
+                }
+            ),
+        ),
+        served_ca: served_ca.clone(),
+    };
+    let Some(brought) = read(source.to_owned()).await? else {
+        return Ok(refused("the Secret does not exist".to_owned()));
+    };
+    let data = brought.data.unwrap_or_default();
+    let (Some(cert), Some(key), Some(ca)) = (
+        text(&data, "tls.crt"),
+        text(&data, "tls.key"),
+        text(&data, "ca.crt"),
+    ) else {
+        return Ok(refused(
+            "it must hold tls.crt, tls.key and ca.crt (the CA clients and replicas verify it with)"
+                .to_owned(),
+        ));
+    };
+    let ends = match pki::tls::check_server_certificate(
+        cert.as_bytes(),
+        key.as_bytes(),
+        ca.as_bytes(),
+        &expected,
+        SystemTime::now(),
+    ) {
+        Ok(ends) => k8s_openapi::jiff::Timestamp::try_from(ends)
+            .map(|t| t.to_string())
+            .unwrap_or_else(|_| "?".to_owned()),
+        Err(why) => return Ok(refused(why)),
+    };
+    let copy = build::owned_tls_secret(cluster, build::SERVER_TLS, &ca, &cert, &key);
+    let assessment = Assessment::new(
+        true,
+        "Brought",
+        format!("serving the certificate of Secret {source} for {expected}, valid until {ends}"),
+    );
+    if served.as_ref().and_then(|s| s.data.as_ref()) == copy.data.as_ref() {
+        return Ok(Brought {
+            note: None,
+            assessment,
+            served_ca: Some(ca),
+        });
+    }
+    if !write_secret(&secrets, served, copy).await? {
+        return Ok(Brought {
+            note: None,
+            assessment,
+            served_ca,
+        });
+    }
+    tracing::info!(secret = %target, from = %source, %ends, "PostgreSQL's server certificate follows the user's Secret");
+    Ok(Brought {
+        note: Some(Note::normal(
+            "CopiedCertificate",
+            format!(
+                "PostgreSQL's server certificate for {expected} now comes from Secret {source} (into {target}), valid until {ends}"
+            ),
+        )),
+        assessment,
+        served_ca: Some(ca),
+    })
 }
 
 #[cfg(test)]

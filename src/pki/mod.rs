@@ -224,6 +224,13 @@ fn parse<'a>(
         })
 }
 
+/// When a certificate ends (its notAfter).
+pub fn not_after(der: &CertificateDer<'_>) -> Result<SystemTime, PkiError> {
+    let certificate = parse(der, "a certificate")?;
+    let seconds = certificate.validity().not_after.timestamp();
+    Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(seconds).unwrap_or_default()))
+}
+
 /// The DNS names in a certificate's subjectAltName.
 pub fn dns_names(der: &CertificateDer<'_>) -> Result<Vec<String>, PkiError> {
     let certificate = parse(der, "a certificate")?;

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use rustls::client::ResolvesClientCert;
+use rustls::client::danger::ServerCertVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
@@ -41,6 +42,50 @@ fn certified(
 ) -> Result<CertifiedKey, PkiError> {
     CertifiedKey::from_der(vec![cert], key, &provider())
         .map_err(|source| PkiError::Tls { what, source })
+}
+
+/// Checks a server certificate the user brings for PostgreSQL (a `kubernetes.io/tls`
+/// Secret: `tls.crt` with any intermediates after the leaf, `tls.key`, and `ca.crt`,
+/// what clients and replicas verify it with): the key belongs to the certificate, and
+/// the chain verifies against `ca.crt` for `name` (the `-rw` Service's, which replicas
+/// verify and the application URI names) now, with serverAuth, as a client would
+/// (webpki, the verifier rustls itself uses). Returns when the certificate ends, or why
+/// it cannot be served: serving it would leave replicas unable to follow their primary.
+pub fn check_server_certificate(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    ca_pem: &[u8],
+    name: &str,
+    now: SystemTime,
+) -> Result<SystemTime, String> {
+    let chain = super::certificates(cert_pem, "tls.crt").map_err(|e| e.to_string())?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| format!("tls.key is not a PEM private key: {e}"))?;
+    CertifiedKey::from_der(chain.clone(), key, &provider())
+        .map_err(|e| format!("tls.key does not belong to tls.crt: {e}"))?;
+    let mut roots = RootCertStore::empty();
+    for ca in super::certificates(ca_pem, "ca.crt").map_err(|e| e.to_string())? {
+        roots
+            .add(ca)
+            .map_err(|e| format!("ca.crt cannot be trusted as a CA: {e}"))?;
+    }
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| format!("building a verifier from ca.crt: {e}"))?;
+    let server_name = rustls::pki_types::ServerName::try_from(name.to_owned())
+        .map_err(|e| format!("{name} is no server name: {e}"))?;
+    let (leaf, intermediates) = chain.split_first().ok_or("tls.crt holds no certificate")?;
+    let at = UnixTime::since_unix_epoch(
+        now.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default(),
+    );
+    verifier
+        .verify_server_cert(leaf, intermediates, &server_name, &[], at)
+        .map_err(|e| {
+            format!("clients and replicas could not verify it for {name} with ca.crt: {e}")
+        })?;
+    super::not_after(leaf).map_err(|e| e.to_string())
 }
 
 /// The operator's client configuration for the instance API.
@@ -302,8 +347,69 @@ impl ResolvesServerCert for FileCertificate {
 mod tests {
     use super::*;
     use crate::pki::server_name;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+    #[test]
+    fn a_brought_server_certificate_must_verify_for_the_rw_name_with_its_ca() {
+        let now = SystemTime::now();
+        let ca = Authority::generate(now).expect("a CA");
+        let other = Authority::generate(now).expect("another CA");
+        let issued = ca
+            .issue_postgres_server("vault", "shop", now)
+            .expect("issued");
+        let name = crate::pki::postgres_server_name("vault", "shop");
+        let check = |cert: &str, key: &str, ca_pem: &str, name: &str, at: SystemTime| {
+            check_server_certificate(cert.as_bytes(), key.as_bytes(), ca_pem.as_bytes(), name, at)
+        };
+        let ends = check(&issued.cert_pem, &issued.key_pem, ca.cert_pem(), &name, now)
+            .expect("its own certificate, key and CA");
+        assert!(ends > now + Duration::from_secs(300 * 24 * 3600));
+        let other_key = other
+            .issue_postgres_server("vault", "shop", now)
+            .expect("issued");
+        let mismatch = check(
+            &issued.cert_pem,
+            &other_key.key_pem,
+            ca.cert_pem(),
+            &name,
+            now,
+        )
+        .expect_err("another key");
+        assert!(mismatch.contains("does not belong"), "{mismatch}");
+        let foreign = check(
+            &issued.cert_pem,
+            &issued.key_pem,
+            other.cert_pem(),
+            &name,
+            now,
+        )
+        .expect_err("another CA");
+        assert!(foreign.contains("could not verify"), "{foreign}");
+        let wrong_name = check(
+            &issued.cert_pem,
+            &issued.key_pem,
+            ca.cert_pem(),
+            "vault-rw.other.svc",
+            now,
+        )
+        .expect_err("another name");
+        assert!(wrong_name.contains("could not verify"), "{wrong_name}");
+        let later = now + Duration::from_secs(2 * 365 * 24 * 3600);
+        let expired = check(
+            &issued.cert_pem,
+            &issued.key_pem,
+            ca.cert_pem(),
+            &name,
+            later,
+        )
+        .expect_err("expired");
+        assert!(expired.contains("could not verify"), "{expired}");
+        let missing_ca =
+            check(&issued.cert_pem, &issued.key_pem, "", &name, now).expect_err("no ca.crt");
+        assert!(missing_ca.contains("ca.crt"), "{missing_ca}");
+    }
 
     struct Files(PathBuf);
 

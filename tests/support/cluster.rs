@@ -200,7 +200,12 @@ pub fn apply_manifest(namespace: &str, name: &str, yaml: &str) -> String {
     applied
 }
 
-/// A superuser connection to instance `pod` of `cluster`, or why there is none (yet).
+/// The line of `spec` that lets the tests log in as the superuser over the network
+/// (off by default), for `apply_cluster`'s `extra_spec`.
+pub const SUPERUSER_ACCESS: &str = "  enableSuperuserAccess: true\n";
+
+/// A superuser connection to instance `pod` of `cluster` (its spec must allow it:
+/// [`SUPERUSER_ACCESS`]), or why there is none (yet).
 pub async fn try_superuser(
     namespace: &str,
     cluster: &str,

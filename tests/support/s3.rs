@@ -10,6 +10,7 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
+use super::cluster::SUPERUSER_ACCESS;
 use super::kubeconfig_path;
 
 /// The dev directory of the cluster under test (where its kubeconfig is).
@@ -237,7 +238,8 @@ impl Drop for TlsProxy {
 
 /// Creates Secret `s3` in `namespace` (`create_secret`) and cluster `name`
 /// (`replicas` instances on `class`) archiving to the local server, with `extra` in
-/// its `spec.backup`; waits until it is Ready with WAL archiving working.
+/// its `spec.backup`; waits until it is Ready with WAL archiving working. The
+/// superuser may log in over the network: the tests read and write as it.
 pub fn archiving_cluster(
     namespace: &str,
     name: &str,
@@ -252,7 +254,10 @@ pub fn archiving_cluster(
         name,
         replicas,
         class,
-        &format!("  backup: {}\n", backup_target(None, extra)),
+        &format!(
+            "  backup: {}\n{SUPERUSER_ACCESS}",
+            backup_target(None, extra)
+        ),
     );
     wait_until_archiving(namespace, name, replicas, diagnostics);
 }

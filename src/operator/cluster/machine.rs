@@ -398,12 +398,10 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
         // An instance that refused exactly this set keeps its last good one: asking
         // again would get the same answer.
         let parameters_differ = view.parameters.as_ref() != Some(wanted) && !refused(view, wanted);
-        // Plain TCP follows spec.tls.allowPlaintext (a manager that does not report it
-        // is not asked).
-        let allow_plaintext = cluster.spec.allows_plaintext();
-        let plaintext_differs = view
-            .allow_plaintext
-            .is_some_and(|allowed| allowed != allow_plaintext);
+        // Network access follows spec.tls.allowPlaintext, spec.enableSuperuserAccess and
+        // spec.pgHba (a manager that does not report it is not asked).
+        let access = build::access(&cluster);
+        let access_differs = view.access.as_ref().is_some_and(|now| *now != access);
         // The archive setting goes along only to an instance that lacks it.
         let archive = wanted_archive(state)
             .filter(|a| view.archive.fingerprint.as_deref() != Some(a.fingerprint.as_str()))
@@ -420,7 +418,7 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                 .cloned()
                 .collect();
             if parameters_differ
-                || plaintext_differs
+                || access_differs
                 || archive.is_some()
                 || view.sync_names != sync_names
                 || slots_differ(view, &slots)
@@ -432,11 +430,11 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                         sync_names: Some(sync_names),
                         slots: Some(slots),
                         archive,
-                        allow_plaintext,
+                        access,
                     },
                 ));
             }
-        } else if (parameters_differ || plaintext_differs || archive.is_some()) && !is_primary {
+        } else if (parameters_differ || access_differs || archive.is_some()) && !is_primary {
             planned.push((
                 name.clone(),
                 Command::Reload {
@@ -444,7 +442,7 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                     sync_names: None,
                     slots: None,
                     archive,
-                    allow_plaintext,
+                    access,
                 },
             ));
         }
@@ -508,6 +506,7 @@ mod tests {
     use super::super::fixtures::*;
     use super::super::machine::*;
 
+    use crate::instance_api::Access;
     use crate::operator::replica::{Command, InstanceView};
     use std::collections::BTreeMap;
 
@@ -695,7 +694,7 @@ mod tests {
                         sync_names: Some("ANY 1 (\"db-2\")".into()),
                         slots: Some(vec!["db-2".into()]),
                         archive: None,
-                        allow_plaintext: false,
+                        access: Access::default(),
                     }
                 ),
                 (
@@ -705,7 +704,7 @@ mod tests {
                         sync_names: None,
                         slots: None,
                         archive: None,
-                        allow_plaintext: false,
+                        access: Access::default(),
                     }
                 ),
             ]
@@ -720,13 +719,18 @@ mod tests {
         let mut cluster = (*cluster(2, false, &[])).clone();
         cluster.spec.tls = Some(castellan_crds::database_cluster::TlsPolicy {
             allow_plaintext: true,
+            server_certificate: None,
         });
         let mut state = settled(std::sync::Arc::new(cluster), 2);
+        let allowing = Access {
+            allow_plaintext: true,
+            ..Access::default()
+        };
         let mut primary = primary_view(&["db-2"], "");
-        primary.allow_plaintext = Some(true);
+        primary.access = Some(allowing.clone());
         state.views.insert("db-1".into(), primary);
         let mut refusing = view("db-2", &[]);
-        refusing.allow_plaintext = Some(false);
+        refusing.access = Some(Access::default());
         let (_, effects) = step(state.clone(), ClusterEvent::Observed(refusing));
         assert_eq!(
             commands(&effects),
@@ -737,7 +741,7 @@ mod tests {
                     sync_names: None,
                     slots: None,
                     archive: None,
-                    allow_plaintext: true,
+                    access: allowing,
                 }
             )],
             "only the instance that differs is asked"
@@ -780,7 +784,7 @@ mod tests {
                     sync_names: Some("ANY 1 (\"db-2\")".into()),
                     slots: Some(vec!["db-2".into()]),
                     archive: None,
-                    allow_plaintext: false,
+                    access: Access::default(),
                 }
             )]
         );
@@ -809,7 +813,7 @@ mod tests {
                     sync_names: Some("ANY 1 (\"db-2\")".into()),
                     slots: Some(vec!["db-2".into(), "db-3".into()]),
                     archive: None,
-                    allow_plaintext: false,
+                    access: Access::default(),
                 }
             )]
         );

@@ -21,7 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use super::plan::{self, NodeHealth, Observed, Plan};
+use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::volumes;
 use crate::operator::build::{self, CLUSTER_LABEL, ROLE_LABEL};
@@ -126,7 +126,7 @@ async fn follow_app_secret(
     secrets: &Api<Secret>,
     cluster: &DatabaseCluster,
     secret: &Secret,
-    ca_pem: &str,
+    ca_pem: Option<&str>,
 ) -> Result<(), Error> {
     let data = secret.data.as_ref();
     let value = |key: &str| {
@@ -140,7 +140,10 @@ async fn follow_app_secret(
             changed.insert("uri".to_owned(), uri.into());
         }
     }
-    if value("ca.crt").as_deref() != Some(ca_pem) {
+    // Without a served certificate yet (the user's cannot be served) it stays as is.
+    if let Some(ca_pem) = ca_pem
+        && value("ca.crt").as_deref() != Some(ca_pem)
+    {
         changed.insert("ca.crt".to_owned(), ca_pem.into());
     }
     if changed.is_empty() {
@@ -167,6 +170,45 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     let name = cluster.name_any();
     let apply = PatchParams::apply(MANAGER).force();
 
+    // The certificates, before any pod mounts them, and before the application Secret,
+    // whose ca.crt is the CA the served certificate is verified with.
+    let mut server_certificate = None;
+    let mut server_ca = Some(context.authority.cert_pem().to_owned());
+    for which in ClusterCertificate::ALL {
+        let note = match (which, cluster.spec.server_certificate_secret()) {
+            (ClusterCertificate::Postgres, Some(source)) => {
+                let brought =
+                    certificates::follow_brought_certificate(client, cluster, source).await?;
+                let previous = cluster
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == SERVER_CERTIFICATE));
+                // Said once when it turns (or stays) refused for a new reason, not every pass.
+                if !brought.assessment.status
+                    && previous.is_none_or(|c| {
+                        c.status != "False" || c.message != brought.assessment.message
+                    })
+                {
+                    context
+                        .record(
+                            cluster,
+                            Note::warning("CertificateRefused", brought.assessment.message.clone()),
+                        )
+                        .await;
+                }
+                server_ca = brought.served_ca;
+                server_certificate = Some(brought.assessment);
+                brought.note
+            }
+            _ => {
+                certificates::ensure_certificate(client, cluster, &context.authority, which).await?
+            }
+        };
+        if let Some(note) = note {
+            context.record(cluster, note).await;
+        }
+    }
+
     // Credentials: made once; passwords are generated only when a Secret is missing.
     // A user may rotate a password by writing it into its Secret (the instances follow
     // the mounted files): the application's `uri` follows its `password` here.
@@ -181,13 +223,13 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         match found {
             None => missing.push(secret_name),
             Some(secret) if what == "app" => {
-                follow_app_secret(&secrets, cluster, &secret, context.authority.cert_pem()).await?
+                follow_app_secret(&secrets, cluster, &secret, server_ca.as_deref()).await?
             }
             Some(_) => {}
         }
     }
     if !missing.is_empty() {
-        let ca_pem = context.authority.cert_pem();
+        let ca_pem = server_ca.as_deref().unwrap_or_default();
         for secret in build::secrets(cluster, &password()?, &password()?, &password()?, ca_pem) {
             let secret_name = secret.name_any();
             if !missing.contains(&secret_name) {
@@ -210,15 +252,6 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                     ),
                 )
                 .await;
-        }
-    }
-
-    // The certificates, before any pod mounts them.
-    for which in ClusterCertificate::ALL {
-        if let Some(note) =
-            certificates::ensure_certificate(client, cluster, &context.authority, which).await?
-        {
-            context.record(cluster, note).await;
         }
     }
 
@@ -308,6 +341,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         nodes: nodes_of(&context.nodes, existing.values()),
         pods: existing,
         claims: applied_claims,
+        server_certificate,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let plan = plan::plan(order, &observed);

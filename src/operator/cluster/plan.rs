@@ -26,6 +26,10 @@ use crate::operator::build::{self, ROLE_LABEL, StartRole};
 use crate::operator::instance_client;
 use crate::operator::replica::InstanceView;
 
+/// The condition on the user's own server certificate (`spec.tls.serverCertificate`),
+/// present only while the spec names one.
+pub const SERVER_CERTIFICATE: &str = "ServerCertificate";
+
 /// What the shell read for a pass.
 #[derive(Clone, Debug)]
 pub struct Observed {
@@ -37,6 +41,8 @@ pub struct Observed {
     pub missing_storage_classes: BTreeSet<String>,
     /// The nodes the pods run on, by name; a node missing here is unknown.
     pub nodes: BTreeMap<String, NodeHealth>,
+    /// With `spec.tls.serverCertificate`: whether the user's certificate is served.
+    pub server_certificate: Option<Assessment>,
     /// When the pass runs: the transition time of a condition whose status changes.
     pub now: Time,
 }
@@ -192,6 +198,12 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             .parameters_condition
             .clone()
             .map(|a| condition(cluster, "ParametersValid", a, now)),
+    )
+    .chain(
+        observed
+            .server_certificate
+            .clone()
+            .map(|a| condition(cluster, SERVER_CERTIFICATE, a, now)),
     )
     .collect();
     let status = DatabaseClusterStatus {
@@ -570,6 +582,7 @@ mod tests {
             claims: Vec::new(),
             missing_storage_classes: BTreeSet::new(),
             nodes: BTreeMap::new(),
+            server_certificate: None,
             now: now(),
         }
     }
@@ -998,6 +1011,28 @@ mod tests {
         assert_eq!(
             said(&degraded_condition(&cluster, None, &now())),
             ("False", "Healthy", "reconciling works")
+        );
+    }
+
+    #[test]
+    fn a_brought_server_certificate_is_reported_only_while_named() {
+        let (order, mut observed) = settled(2);
+        assert!(
+            plan(&order, &observed)
+                .status
+                .conditions
+                .iter()
+                .all(|c| c.type_ != SERVER_CERTIFICATE)
+        );
+        observed.server_certificate = Some(Assessment::new(
+            false,
+            "CertificateRefused",
+            "the Secret does not exist",
+        ));
+        let plan = plan(&order, &observed);
+        assert_eq!(
+            said(condition_of(&plan, SERVER_CERTIFICATE)),
+            ("False", "CertificateRefused", "the Secret does not exist")
         );
     }
 

@@ -90,7 +90,7 @@ pub struct Assessment {
 }
 
 impl Assessment {
-    pub(super) fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             reason,

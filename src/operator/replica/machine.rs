@@ -12,8 +12,8 @@ use castellan_actors::StateMachine;
 use serde_json::Value;
 
 use crate::instance_api::{
-    ArchiveConfig, ArchiveReport, LeaseGrant, Lsn, PromoteRequest, RestoreRequest, RunningRole,
-    StatusReport,
+    Access, ArchiveConfig, ArchiveReport, LeaseGrant, Lsn, PromoteRequest, RestoreRequest,
+    RunningRole, StatusReport,
 };
 
 /// How often an instance's status is read. It is also how often the primary's lease
@@ -64,8 +64,8 @@ pub struct InstanceView {
     pub archive: ArchiveReport,
     /// What a restore into its empty volume is doing, once asked for.
     pub restoring: Option<String>,
-    /// Whether it takes clients over plain TCP (absent: its manager does not say).
-    pub allow_plaintext: Option<bool>,
+    /// Who may connect to it how (absent: its manager does not say).
+    pub access: Option<Access>,
 }
 
 impl Default for InstanceView {
@@ -93,7 +93,7 @@ impl Default for InstanceView {
             error: None,
             archive: ArchiveReport::default(),
             restoring: None,
-            allow_plaintext: None,
+            access: None,
         }
     }
 }
@@ -141,7 +141,7 @@ impl InstanceView {
             error: report.error,
             archive: report.archive,
             restoring: report.restoring,
-            allow_plaintext: report.allow_plaintext,
+            access: report.access,
         }
     }
 
@@ -173,8 +173,9 @@ pub enum Command {
         /// The WAL archive setting, when the instance does not have it yet (boxed: it
         /// is large and rare).
         archive: Option<Box<ArchiveConfig>>,
-        /// Whether clients may connect over plain TCP (`spec.tls.allowPlaintext`).
-        allow_plaintext: bool,
+        /// Who may connect how (`spec.tls.allowPlaintext`,
+        /// `spec.enableSuperuserAccess`, `spec.pgHba`).
+        access: Access,
     },
     /// Restart PostgreSQL (for parameters that need it).
     Restart,
@@ -425,7 +426,7 @@ mod tests {
             sync_names: None,
             slots: None,
             archive: None,
-            allow_plaintext: false,
+            access: Access::default(),
         }
     }
 

@@ -121,14 +121,14 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                                 sync_names,
                                 slots,
                                 archive,
-                                allow_plaintext,
+                                access,
                             } => {
                                 let body = ReloadRequest {
                                     parameters: Some(parameters.clone()),
                                     synchronous_standby_names: sync_names.clone(),
                                     slots: slots.clone(),
                                     archive: archive.as_deref().cloned(),
-                                    allow_plaintext: Some(*allow_plaintext),
+                                    access: Some(access.clone()),
                                 };
                                 post("/reload", json!(body)).await
                             }
