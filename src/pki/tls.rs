@@ -181,34 +181,14 @@ impl ResolvesClientCert for OperatorCertificate {
 /// An instance manager's server configuration: its certificate and key from files
 /// (the mounted Secret), and only the operator as a client, as vouched for by the CA
 /// certificates in `ca_file` (several may be listed: a trust bundle during rotation).
+/// Both are read again when their files change, so a renewed certificate is served,
+/// and a CA added to `ca.crt` trusted, without a restart.
 pub fn instance_server_config(
     ca_file: &Path,
     cert_file: &Path,
     key_file: &Path,
 ) -> Result<ServerConfig, PkiError> {
-    let ca_pem = std::fs::read(ca_file).map_err(|source| PkiError::Io {
-        path: ca_file.to_owned(),
-        source,
-    })?;
-    let mut roots = RootCertStore::empty();
-    for certificate in CertificateDer::pem_slice_iter(&ca_pem) {
-        let certificate = certificate.map_err(|e| PkiError::Pem {
-            what: ca_file.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        roots.add(certificate).map_err(|source| PkiError::Tls {
-            what: "the instance's trust in the CA",
-            source,
-        })?;
-    }
-    if roots.is_empty() {
-        return Err(PkiError::Pem {
-            what: ca_file.display().to_string(),
-            reason: "no CERTIFICATE block".to_owned(),
-        });
-    }
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?;
+    let trust = FileTrust::load(ca_file)?;
     let certificate = FileCertificate::load(cert_file, key_file)?;
     Ok(ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -216,7 +196,7 @@ pub fn instance_server_config(
             what: "the instance API's TLS server",
             source,
         })?
-        .with_client_cert_verifier(Arc::new(OperatorOnly(verifier)))
+        .with_client_cert_verifier(Arc::new(OperatorOnly(trust)))
         .with_cert_resolver(Arc::new(certificate)))
 }
 
@@ -224,11 +204,13 @@ pub fn instance_server_config(
 /// same CA may one day sign client certificates for other purposes (PostgreSQL users),
 /// and none of those may call the instance API.
 #[derive(Debug)]
-struct OperatorOnly(Arc<dyn ClientCertVerifier>);
+struct OperatorOnly(FileTrust);
 
 impl ClientCertVerifier for OperatorOnly {
+    /// None: the hints would have to be borrowed from a verifier that may be replaced
+    /// meanwhile, and the operator presents its one certificate whatever they say.
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.0.root_hint_subjects()
+        &[]
     }
 
     fn verify_client_cert(
@@ -237,7 +219,10 @@ impl ClientCertVerifier for OperatorOnly {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self.0.verify_client_cert(end_entity, intermediates, now)?;
+        let verified = self
+            .0
+            .current()
+            .verify_client_cert(end_entity, intermediates, now)?;
         let names = dns_names(end_entity)
             .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
         if names.iter().any(|name| name == OPERATOR_NAME) {
@@ -259,7 +244,7 @@ impl ClientCertVerifier for OperatorOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.0.current().verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -268,11 +253,67 @@ impl ClientCertVerifier for OperatorOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.0.current().verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.0.current().supported_verify_schemes()
+    }
+}
+
+/// The CAs whose client certificates are accepted, kept in a file (the mounted
+/// Secret's `ca.crt`) and read again when it changes: a CA rotation first adds the new
+/// CA to every `ca.crt` (docs/pki.md), and the instances must trust it before the
+/// operator presents a certificate from it, without a restart.
+#[derive(Debug)]
+struct FileTrust {
+    ca_file: PathBuf,
+    current: Mutex<(Option<SystemTime>, Arc<dyn ClientCertVerifier>)>,
+}
+
+impl FileTrust {
+    fn load(ca_file: &Path) -> Result<Self, PkiError> {
+        let stamp = modified(ca_file);
+        let verifier = Self::read(ca_file)?;
+        Ok(Self {
+            ca_file: ca_file.to_owned(),
+            current: Mutex::new((stamp, verifier)),
+        })
+    }
+
+    fn read(ca_file: &Path) -> Result<Arc<dyn ClientCertVerifier>, PkiError> {
+        let ca_pem = std::fs::read(ca_file).map_err(|source| PkiError::Io {
+            path: ca_file.to_owned(),
+            source,
+        })?;
+        let mut roots = RootCertStore::empty();
+        for certificate in super::certificates(&ca_pem, &ca_file.display().to_string())? {
+            roots.add(certificate).map_err(|source| PkiError::Tls {
+                what: "the instance's trust in the CA",
+                source,
+            })?;
+        }
+        Ok(WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?)
+    }
+
+    /// The verifier of the file as it is now; the previous one while the file cannot
+    /// be read (a half-written replacement is read again at the next handshake).
+    fn current(&self) -> Arc<dyn ClientCertVerifier> {
+        let mut current = match self.current.lock() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let stamp = modified(&self.ca_file);
+        if stamp != current.0 {
+            match Self::read(&self.ca_file) {
+                Ok(verifier) => {
+                    tracing::info!(file = %self.ca_file.display(), "trusting the CAs of the changed file");
+                    *current = (stamp, verifier);
+                }
+                Err(error) => tracing::warn!(%error, "keeping the previous trust in the CA"),
+            }
+        }
+        current.1.clone()
     }
 }
 
@@ -560,6 +601,53 @@ mod tests {
                 .await
                 .is_none(),
             "the operator refuses an instance that is not of the cluster it dials"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ca_added_to_the_trust_file_is_trusted_without_a_restart() {
+        let now = SystemTime::now();
+        let old = Arc::new(Authority::generate(now).expect("ca"));
+        let new = Arc::new(Authority::generate(now).expect("the next ca"));
+        let server = old.issue_server("orders", "shop", now).expect("server");
+        let files = Files::write("trust", &old, &server);
+        let config = Arc::new(files.server_config());
+        let name = server_name("orders", "shop");
+        // The operator of the new CA, still trusting the old one for the server.
+        let next_operator = || {
+            let certificate = new.issue_operator(now).expect("an operator certificate");
+            client_with(&old, Some(&certificate))
+        };
+        assert!(
+            exchange(config.clone(), next_operator(), &name)
+                .await
+                .is_none(),
+            "a CA not in ca.crt is not trusted"
+        );
+        // The bundle, as the first step of a rotation writes it.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(
+            files.0.join("ca.crt"),
+            format!("{}{}", old.cert_pem(), new.cert_pem()),
+        )
+        .expect("bundle");
+        assert!(
+            exchange(config.clone(), next_operator(), &name)
+                .await
+                .is_some(),
+            "the new CA is trusted once ca.crt lists it"
+        );
+        let operator = operator_client_config(old.clone()).expect("operator config");
+        assert!(
+            exchange(config.clone(), operator, &name).await.is_some(),
+            "and the old one still is"
+        );
+        // A file that cannot be read keeps the trust it had.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(files.0.join("ca.crt"), "half written").expect("broken");
+        assert!(
+            exchange(config, next_operator(), &name).await.is_some(),
+            "an unreadable ca.crt keeps the previous trust"
         );
     }
 
