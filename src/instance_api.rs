@@ -146,6 +146,10 @@ pub struct StatusReport {
     /// that predates the setting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<Access>,
+    /// The PostgreSQL release its binaries carry, such as `15.18` (whether or not the
+    /// server runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
 }
 
 /// Who may connect to PostgreSQL over the network and how, beside TLS: what

@@ -4,7 +4,7 @@
 //! reloadable and a restart-only parameter changed; a value PostgreSQL refuses never
 //! written (a condition names it, a replica made meanwhile starts without it); a
 //! replica's volume lost and rebuilt from the primary; an actor panic survived and reported; the Lease released
-//! on a clean shutdown.
+//! on a clean shutdown; a version the image does not carry runs nothing and says why.
 
 mod support;
 
@@ -12,13 +12,15 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, connect_app, describe, events, instance_addresses,
-    jsonpath, phase_and_ready, wait_for, wait_orders,
+    LocalVolumes, Operator, apply_cluster, apply_manifest, connect_app, describe, events,
+    instance_addresses, jsonpath, phase_and_ready, wait_for, wait_orders,
 };
+use support::faults::volume_path;
 use support::{TestNamespace, client, kubectl, kubectl_ok};
 
 const SCALE_OPERATORS: [&str; 2] = ["127.0.61.1:8080", "127.0.61.2:8080"];
 const FAULT_OPERATOR: &str = "127.0.62.1:8080";
+const VERSION_OPERATOR: &str = "127.0.75.1:8080";
 
 fn roles(namespace: &str, name: &str) -> Vec<String> {
     kubectl_ok(&[
@@ -481,5 +483,64 @@ async fn an_actor_panic_is_survived_and_reported_as_degraded() {
         "",
         "lease released"
     );
+    drop(volumes);
+}
+
+/// A pod never runs another PostgreSQL major than the spec asks for (issue #11): the
+/// dev nodes' image carries 15, so a cluster asking for 17 initialises nothing, starts
+/// nothing, and says why; `status.version` is what the instances run (15 for a cluster
+/// of 15), not a copy of the spec.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "versions").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create("versions-local", 1);
+    let operator = Operator::start(&ns, VERSION_OPERATOR);
+    let logs = vec![operator.log.clone()];
+    let diagnostics = || describe(&ns, &logs);
+    apply_cluster(&ns, "current", 1, &volumes.class, "");
+    apply_manifest(
+        &ns,
+        "newer",
+        &format!(
+            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: newer}}\nspec:\n  \
+             engine: postgresql\n  version: \"17\"\n  replicas: 1\n  \
+             storage: {{size: 1Gi, storageClassName: {}}}\n",
+            volumes.class
+        ),
+    );
+    let primary_condition = |cluster: &str| {
+        jsonpath(
+            "dbc",
+            cluster,
+            &ns,
+            "{.status.conditions[?(@.type==\"PrimaryAvailable\")].message}",
+        )
+    };
+    wait_for(
+        "the cluster of 15 is Ready and the one of 17 says why it runs nothing",
+        Duration::from_secs(180),
+        || {
+            phase_and_ready(&ns, "current") == "Ready/1"
+                && primary_condition("newer").contains("carries PostgreSQL 15")
+        },
+        diagnostics,
+    );
+    let refusal = primary_condition("newer");
+    assert!(refusal.contains("asks for version 17"), "{refusal}");
+    assert_eq!(jsonpath("dbc", "current", &ns, "{.status.version}"), "15");
+    assert_eq!(
+        jsonpath("dbc", "newer", &ns, "{.status.version}"),
+        "",
+        "nothing runs 17, so no version is reported"
+    );
+    assert!(
+        !volume_path(&ns, "newer-1")
+            .join("pgdata/PG_VERSION")
+            .exists(),
+        "nothing was initialised with the wrong binaries"
+    );
+    drop(operator);
     drop(volumes);
 }

@@ -153,6 +153,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         verification: published.verification,
         tls: Some(published.tls),
         access: Some(published.access),
+        release: Some(published.release),
     };
     if !published.running {
         report.error = Some("postgres is not running".to_owned());

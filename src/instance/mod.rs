@@ -32,6 +32,7 @@ mod restore;
 mod scram;
 mod tls;
 mod verify;
+mod version;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -175,6 +176,10 @@ pub struct InstanceArgs {
     /// changes them by reload).
     #[arg(long, env = "CASTELLAN_PG_HBA", default_value = "[]")]
     pub pg_hba: String,
+    /// The PostgreSQL major version the cluster asks for (`spec.version`): binaries of
+    /// another major touch no data and start nothing. Unchecked when absent.
+    #[arg(long, env = "CASTELLAN_POSTGRES_VERSION")]
+    pub postgres_version: Option<String>,
 }
 
 /// A request from the HTTP API, carried out by the supervisor one at a time so that
@@ -216,6 +221,8 @@ pub struct Published {
     pub tls: bool,
     /// Who may connect how, as pg_hba.conf is written.
     pub access: Access,
+    /// The PostgreSQL release the binaries carry.
+    pub release: String,
 }
 
 /// What the HTTP API and the heartbeat share with the supervisor.
@@ -266,6 +273,11 @@ struct Instance {
     /// The mounted certificates, their private copies and whether the build can serve
     /// them, when the pod has them.
     certificates: Option<tls::Certificates>,
+    /// The PostgreSQL release the binaries carry (`postgres --version`).
+    release: String,
+    /// Why the binaries must not run for this cluster (another major than it asks
+    /// for), if they must not: then nothing is initialised, copied or started.
+    version_refusal: Option<String>,
     /// Who may connect how (`spec.tls.allowPlaintext`, `spec.enableSuperuserAccess`,
     /// `spec.pgHba`) as last sent: the settings of the configuration that are not
     /// server parameters and still change with the spec. Behind a lock, so that
@@ -771,7 +783,7 @@ impl Supervisor {
     fn should_run(&self) -> bool {
         // A demoted instance runs nothing until it has rejoined as a replica: a lease
         // grant still in flight when it was demoted must not start it as a primary.
-        if self.fenced || self.rejoin {
+        if self.fenced || self.rejoin || self.instance.version_refusal.is_some() {
             return false;
         }
         // Never plain text the cluster does not allow (`tls::decide`).
@@ -838,13 +850,19 @@ impl Supervisor {
             role,
             running: self.postmaster.is_some(),
             fenced: self.fenced,
-            problem: self.problem.clone().or(refusal),
+            problem: self
+                .instance
+                .version_refusal
+                .clone()
+                .or_else(|| self.problem.clone())
+                .or(refusal),
             parameters: self.parameters.clone(),
             refused_parameters: self.refused_parameters.clone(),
             restoring: self.restoring.clone(),
             verification: self.verification.clone(),
             tls,
             access: self.instance.access(),
+            release: self.instance.release.clone(),
         });
     }
 
@@ -883,6 +901,15 @@ impl Supervisor {
         self.follow_passwords().await;
         self.follow_certificates().await;
         if Instant::now() < self.not_before {
+            return;
+        }
+        // Binaries of another major than the cluster asks for touch no data: no
+        // restore, no initdb, no base backup, no start (`should_run`); the refusal is
+        // the instance's problem, for the operator to report.
+        if self.instance.version_refusal.is_some() {
+            if self.publish.borrow().problem.is_none() {
+                self.publish();
+            }
             return;
         }
         if self.role.is_none()
@@ -1492,8 +1519,17 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let release = version::release(&binaries)
+        .await
+        .context("asking PostgreSQL for its version (postgres --version)")?;
+    let version_refusal = version::refusal(args.postgres_version.as_deref(), &release);
+    if let Some(refusal) = &version_refusal {
+        tracing::error!("{refusal}");
+    }
     let instance = Arc::new(Instance {
         binaries,
+        release,
+        version_refusal,
         socket_dir: socket_dir.clone(),
         passfile,
         certificates,
@@ -1568,6 +1604,9 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
 
     let fenced = instance.fence_marker().exists();
     let (role, problem) = match instance.holds() {
+        // Binaries of another major touch no data (`version`): the role stays open and
+        // the supervisor only reports why.
+        _ if instance.version_refusal.is_some() => (None, instance.version_refusal.clone()),
         Holds::Primary => (Some(Role::Primary), None),
         Holds::Replica => (Some(Role::Replica(instance.upstream()?)), None),
         Holds::Nothing => match instance.fill().await? {

@@ -675,6 +675,8 @@ pub fn pod(
                     access.allow_plaintext.to_string(),
                 ),
                 env("CASTELLAN_SUPERUSER_ACCESS", access.superuser.to_string()),
+                // The instance refuses binaries of another major.
+                env("CASTELLAN_POSTGRES_VERSION", cluster.spec.version.clone()),
                 // A list of strings always serialises.
                 env(
                     "CASTELLAN_PG_HBA",
@@ -1222,6 +1224,11 @@ mod tests {
             "no superuser login over the network unless spec.enableSuperuserAccess"
         );
         assert_eq!(env["CASTELLAN_PG_HBA"].as_deref(), Some("[]"));
+        assert_eq!(
+            env["CASTELLAN_POSTGRES_VERSION"].as_deref(),
+            Some("15"),
+            "the instance refuses binaries of another major"
+        );
         let mounted: Vec<&str> = container
             .volume_mounts
             .iter()

@@ -72,6 +72,7 @@ pub fn view(name: &str, parameters: &[(&str, &str)]) -> InstanceView {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         ),
+        release: Some("15.18".into()),
         ..InstanceView::default()
     }
 }

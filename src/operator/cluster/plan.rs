@@ -216,7 +216,8 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         replication_slots: replication_slots(order, primary),
         ready_instances: Some(ready),
         instances,
-        version: Some(cluster.spec.version.clone()),
+        version: running_version(order, &build::instance_name(cluster, primary))
+            .or(previous.version.clone()),
         ..previous
     };
     Plan {
@@ -231,6 +232,29 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         remove,
         status,
     }
+}
+
+/// The PostgreSQL major version the instances run, as their managers report it from
+/// their binaries, not the one the spec asks for (an instance whose image carries
+/// another major starts nothing and says so): the primary's, else the lowest any
+/// running instance reports; `None` while none runs.
+fn running_version(order: &ConvergeOrder, primary: &str) -> Option<String> {
+    // Only a running server runs its release: an instance that refuses its binaries
+    // (another major) runs nothing.
+    let major = |view: &InstanceView| {
+        view.release
+            .as_deref()
+            .filter(|_| view.running)
+            .and_then(|release| release.split('.').next())
+            .and_then(|major| major.parse::<u32>().ok())
+    };
+    order
+        .views
+        .iter()
+        .find(|view| view.name == primary)
+        .and_then(major)
+        .or_else(|| order.views.iter().filter_map(major).min())
+        .map(|major| major.to_string())
 }
 
 /// The instance number of a pod named `<cluster>-<n>`.
@@ -656,6 +680,46 @@ mod tests {
         assert_eq!(condition_of(&plan, "Degraded").status, "False");
         assert_eq!(condition_of(&plan, "PrimaryAvailable").reason, "Available");
         assert_eq!(condition_of(&plan, volumes::CONDITION).status, "True");
+    }
+
+    #[test]
+    fn the_version_is_what_the_instances_run_not_what_the_spec_asks() {
+        let (mut order, observed) = settled(3);
+        let mut cluster = (*order.cluster).clone();
+        cluster.spec.version = "17".into();
+        order.cluster = Arc::new(cluster);
+        assert_eq!(
+            plan(&order, &observed).status.version.as_deref(),
+            Some("15"),
+            "the binaries carry 15.18"
+        );
+        // The primary's, else the lowest reported; the last written while none reports.
+        order.views[0].release = Some("18.1".into());
+        assert_eq!(
+            plan(&order, &observed).status.version.as_deref(),
+            Some("18")
+        );
+        order.views[0].release = None;
+        order.views[1].release = Some("18.1".into());
+        assert_eq!(
+            plan(&order, &observed).status.version.as_deref(),
+            Some("15")
+        );
+        for view in &mut order.views {
+            view.release = None;
+        }
+        assert_eq!(plan(&order, &observed).status.version, None);
+        let order = with_status(
+            order,
+            DatabaseClusterStatus {
+                version: Some("15".into()),
+                ..DatabaseClusterStatus::default()
+            },
+        );
+        assert_eq!(
+            plan(&order, &observed).status.version.as_deref(),
+            Some("15")
+        );
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub struct InstanceView {
     pub restoring: Option<String>,
     /// Who may connect to it how (absent: its manager does not say).
     pub access: Option<Access>,
+    /// The PostgreSQL release its binaries carry, such as `15.18`.
+    pub release: Option<String>,
 }
 
 impl Default for InstanceView {
@@ -94,6 +96,7 @@ impl Default for InstanceView {
             archive: ArchiveReport::default(),
             restoring: None,
             access: None,
+            release: None,
         }
     }
 }
@@ -142,6 +145,7 @@ impl InstanceView {
             archive: report.archive,
             restoring: report.restoring,
             access: report.access,
+            release: report.release,
         }
     }
 
