@@ -21,6 +21,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::{Value, json};
+use support::disks::run;
 
 /// uid and gid of postgres in the instance images (the operator's
 /// CASTELLAN_POSTGRES_UID/GID default).
@@ -192,20 +193,6 @@ impl Drop for Bundle {
 
 fn path(p: &Path) -> &str {
     p.to_str().expect("temporary paths are UTF-8")
-}
-
-fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {program} (deploy/local/deps.sh installs it): {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 #[test]
