@@ -177,25 +177,9 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     for which in ClusterCertificate::ALL {
         let note = match (which, cluster.spec.server_certificate_secret()) {
             (ClusterCertificate::Postgres, Some(source)) => {
+                // A refusal's Warning is recorded with the condition's, after the plan.
                 let brought =
                     certificates::follow_brought_certificate(client, cluster, source).await?;
-                let previous = cluster
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == SERVER_CERTIFICATE));
-                // Said once when it turns (or stays) refused for a new reason, not every pass.
-                if !brought.assessment.status
-                    && previous.is_none_or(|c| {
-                        c.status != "False" || c.message != brought.assessment.message
-                    })
-                {
-                    context
-                        .record(
-                            cluster,
-                            Note::warning("CertificateRefused", brought.assessment.message.clone()),
-                        )
-                        .await;
-                }
                 server_ca = brought.served_ca;
                 server_certificate = Some(brought.assessment);
                 brought.note
@@ -445,18 +429,31 @@ async fn enact(
             .await;
     }
 
-    let previous_volumes = cluster.status.as_ref().and_then(volumes_condition);
-    if let Some(volumes_bound) = volumes_condition(&plan.status) {
-        let mut volumes_warning = volumes::warning(previous_volumes, volumes_bound);
-        if volumes_warning.is_some() {
+    // A Warning Event when a condition that needs the user turns False (or changes its
+    // reason while False), once.
+    type Warning = fn(Option<&Condition>, &Condition) -> Option<Note>;
+    let warnings: [(&str, Warning); 2] = [
+        (volumes::CONDITION, volumes::warning),
+        (SERVER_CERTIFICATE, plan::certificate_warning),
+    ];
+    for (type_, warning) in warnings {
+        let Some(current) = condition_of(&plan.status, type_) else {
+            continue;
+        };
+        let previous = cluster
+            .status
+            .as_ref()
+            .and_then(|status| condition_of(status, type_));
+        let mut note = warning(previous, current);
+        if note.is_some() {
             // The cluster this pass started from may predate the status the previous
             // pass wrote (the controller's cache lags the write): decide again on a
             // fresh read, so that the Warning is recorded once, not once per pass until
             // the cache catches up.
-            let written = written_condition(client, cluster, volumes::CONDITION).await;
-            volumes_warning = volumes::warning(written.as_ref(), volumes_bound);
+            let written = written_condition(client, cluster, type_).await;
+            note = warning(written.as_ref(), current);
         }
-        if let Some(note) = volumes_warning {
+        if let Some(note) = note {
             context.record(cluster, note).await;
         }
     }
@@ -466,11 +463,8 @@ async fn enact(
     Ok(())
 }
 
-fn volumes_condition(status: &DatabaseClusterStatus) -> Option<&Condition> {
-    status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == volumes::CONDITION)
+fn condition_of<'a>(status: &'a DatabaseClusterStatus, type_: &str) -> Option<&'a Condition> {
+    status.conditions.iter().find(|c| c.type_ == type_)
 }
 
 /// Server-side apply of a status patch (`{"status": …}`) by `manager`.

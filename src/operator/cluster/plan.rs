@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use super::state::{Assessment, ConvergeOrder, Converged, Member, desired_count};
+use super::state::{Assessment, ConvergeOrder, Converged, Member, Note, desired_count};
 use super::volumes;
 use crate::instance_api::RunningRole;
 use crate::operator::build::{self, ROLE_LABEL, StartRole};
@@ -29,6 +29,15 @@ use crate::operator::replica::InstanceView;
 /// The condition on the user's own server certificate (`spec.tls.serverCertificate`),
 /// present only while the spec names one.
 pub const SERVER_CERTIFICATE: &str = "ServerCertificate";
+
+/// The Warning Event for the user's server certificate, once it is refused: when the
+/// condition turns False, or its reason (told in the message) changes while False.
+pub fn certificate_warning(previous: Option<&Condition>, current: &Condition) -> Option<Note> {
+    let already = previous
+        .is_some_and(|previous| previous.status == "False" && previous.message == current.message);
+    (current.status == "False" && !already)
+        .then(|| Note::warning("CertificateRefused", current.message.clone()))
+}
 
 /// What the shell read for a pass.
 #[derive(Clone, Debug)]
@@ -1098,6 +1107,27 @@ mod tests {
             said(condition_of(&plan, SERVER_CERTIFICATE)),
             ("False", "CertificateRefused", "the Secret does not exist")
         );
+    }
+
+    #[test]
+    fn a_refused_certificate_is_warned_about_once_per_reason() {
+        let condition = |status: &str, message: &str| Condition {
+            type_: SERVER_CERTIFICATE.into(),
+            status: status.into(),
+            reason: "CertificateRefused".into(),
+            message: message.into(),
+            last_transition_time: now(),
+            observed_generation: None,
+        };
+        let missing = condition("False", "the Secret does not exist");
+        let served = condition("True", "serving");
+        assert!(certificate_warning(None, &missing).is_some());
+        assert!(certificate_warning(Some(&served), &missing).is_some());
+        assert!(certificate_warning(Some(&missing), &missing).is_none());
+        let wrong = condition("False", "it names another server");
+        let note = certificate_warning(Some(&missing), &wrong).expect("a new reason");
+        assert!(note.warning && note.message == "it names another server");
+        assert!(certificate_warning(Some(&missing), &served).is_none());
     }
 
     #[test]
