@@ -275,9 +275,6 @@ struct Instance {
     certificates: Option<tls::Certificates>,
     /// The PostgreSQL release the binaries carry (`postgres --version`).
     release: String,
-    /// Why the binaries must not run for this cluster (another major than it asks
-    /// for), if they must not: then nothing is initialised, copied or started.
-    version_refusal: Option<String>,
     /// Who may connect how (`spec.tls.allowPlaintext`, `spec.enableSuperuserAccess`,
     /// `spec.pgHba`) as last sent: the settings of the configuration that are not
     /// server parameters and still change with the spec. Behind a lock, so that
@@ -407,6 +404,12 @@ impl Instance {
             .access
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = access;
+    }
+
+    /// Why the binaries must not run for this cluster (another major than it asks
+    /// for), if they must not: then nothing is initialised, copied or started.
+    fn version_refusal(&self) -> Option<String> {
+        version::refusal(self.args.postgres_version.as_deref(), &self.release)
     }
 
     fn allows_plaintext(&self) -> bool {
@@ -783,7 +786,7 @@ impl Supervisor {
     fn should_run(&self) -> bool {
         // A demoted instance runs nothing until it has rejoined as a replica: a lease
         // grant still in flight when it was demoted must not start it as a primary.
-        if self.fenced || self.rejoin || self.instance.version_refusal.is_some() {
+        if self.fenced || self.rejoin || self.instance.version_refusal().is_some() {
             return false;
         }
         // Never plain text the cluster does not allow (`tls::decide`).
@@ -850,12 +853,7 @@ impl Supervisor {
             role,
             running: self.postmaster.is_some(),
             fenced: self.fenced,
-            problem: self
-                .instance
-                .version_refusal
-                .clone()
-                .or_else(|| self.problem.clone())
-                .or(refusal),
+            problem: self.problem.clone().or(refusal),
             parameters: self.parameters.clone(),
             refused_parameters: self.refused_parameters.clone(),
             restoring: self.restoring.clone(),
@@ -905,9 +903,10 @@ impl Supervisor {
         }
         // Binaries of another major than the cluster asks for touch no data: no
         // restore, no initdb, no base backup, no start (`should_run`); the refusal is
-        // the instance's problem, for the operator to report.
-        if self.instance.version_refusal.is_some() {
-            if self.publish.borrow().problem.is_none() {
+        // the instance's problem (set at startup), published for the operator.
+        if let Some(refusal) = self.instance.version_refusal() {
+            if self.publish.borrow().problem.as_ref() != Some(&refusal) {
+                self.problem = Some(refusal);
                 self.publish();
             }
             return;
@@ -1522,14 +1521,9 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     let release = version::release(&binaries)
         .await
         .context("asking PostgreSQL for its version (postgres --version)")?;
-    let version_refusal = version::refusal(args.postgres_version.as_deref(), &release);
-    if let Some(refusal) = &version_refusal {
-        tracing::error!("{refusal}");
-    }
     let instance = Arc::new(Instance {
         binaries,
         release,
-        version_refusal,
         socket_dir: socket_dir.clone(),
         passfile,
         certificates,
@@ -1538,6 +1532,9 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     });
     if let tls::Decision::Refuse(reason) = instance.tls_decision() {
         tracing::error!("{reason}");
+    }
+    if let Some(refusal) = instance.version_refusal() {
+        tracing::error!("{refusal}");
     }
     // Before a base backup, which authenticates with the client certificate.
     instance.install_certificates().await?;
@@ -1606,7 +1603,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     let (role, problem) = match instance.holds() {
         // Binaries of another major touch no data (`version`): the role stays open and
         // the supervisor only reports why.
-        _ if instance.version_refusal.is_some() => (None, instance.version_refusal.clone()),
+        _ if instance.version_refusal().is_some() => (None, instance.version_refusal()),
         Holds::Primary => (Some(Role::Primary), None),
         Holds::Replica => (Some(Role::Replica(instance.upstream()?)), None),
         Holds::Nothing => match instance.fill().await? {
