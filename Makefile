@@ -122,8 +122,9 @@ bench-storage:
 
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
 # this target starts and always stops, whatever the outcome. The lints and the builds of
-# the control plane, the OTLP receiver, the S3 server and helm (tests/helm.rs runs it)
-# run side by side: with empty caches they overlap instead of adding up. The S3
+# the control plane, the OTLP receiver, the S3 server, helm (tests/helm.rs runs it) and
+# the images' Debian layers (tests/images.rs) run side by side: with empty caches they
+# overlap instead of adding up. The S3
 # server's settings are in $(TEST_DEV_DIR)/s3.env while the tests run.
 test: deps
 	@$(MAKE) --no-print-directory -j4 check deny controlplane otel s3 helm images-base

@@ -8,7 +8,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 
 use support::manifests::{apply_identity, manifests};
-use support::{TestNamespace, client, kubectl, kubectl_ok, repo};
+use support::{TestNamespace, can_i, client, kubectl, kubectl_ok, repo};
 
 #[tokio::test]
 async fn every_crd_is_installed_and_established() {
@@ -192,18 +192,8 @@ async fn the_shipped_rbac_has_no_wildcards_and_the_operator_only_what_it_uses() 
     // Only the identity and its rights: the Deployment would start an operator.
     apply_identity("deploy/operator/operator.yaml");
     let operator = "--as=system:serviceaccount:castellan-system:castellan-operator";
-    // Yes or no; anything else (a resource kubectl cannot parse) is a broken check.
-    let can_in = |namespace: &str, verb: &str, resource: &str| {
-        let output = kubectl(&["auth", "can-i", verb, resource, "-n", namespace, operator]);
-        match String::from_utf8_lossy(&output.stdout).trim() {
-            "yes" => true,
-            "no" => false,
-            other => panic!(
-                "kubectl auth can-i {verb} {resource} -n {namespace}: {other} {}",
-                String::from_utf8_lossy(&output.stderr)
-            ),
-        }
-    };
+    let can_in =
+        |namespace: &str, verb: &str, resource: &str| can_i(verb, resource, namespace, &[operator]);
     let can = |verb: &str, resource: &str| can_in("default", verb, resource);
     let lease = "leases.coordination.k8s.io/castellan-operator";
     assert!(

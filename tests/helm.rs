@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use support::{TestNamespace, client, kubectl, kubectl_ok, repo};
+use support::{TestNamespace, can_i, client, kubectl, kubectl_ok, repo};
 
 /// The pinned helm, built (once per machine) by `deploy/helm/build.sh`.
 fn helm() -> PathBuf {
@@ -357,18 +357,8 @@ async fn a_namespaced_operator_reads_secrets_only_where_it_watches() {
         home.name
     );
     let agent = format!("--as=system:serviceaccount:{}:{release}-agent", home.name);
-    // `auth can-i` says yes or no; anything else (a resource kubectl cannot parse) is
-    // a broken check, not a "no".
     let can = |who: &str, verb: &str, resource: &str, namespace: &str| {
-        let output = kubectl(&["auth", "can-i", verb, resource, "-n", namespace, who]);
-        match String::from_utf8_lossy(&output.stdout).trim() {
-            "yes" => true,
-            "no" => false,
-            other => panic!(
-                "kubectl auth can-i {verb} {resource} -n {namespace} {who}: {other} {}",
-                String::from_utf8_lossy(&output.stderr)
-            ),
-        }
+        can_i(verb, resource, namespace, &[who])
     };
     let (home, watched, other) = (&home.name, &watched.name, &other.name);
     for (verb, resource, namespace) in [
@@ -394,19 +384,13 @@ async fn a_namespaced_operator_reads_secrets_only_where_it_watches() {
             "the namespaced operator may {verb} {resource} in {namespace}"
         );
     }
-    let status = kubectl(&[
-        "auth",
-        "can-i",
-        "patch",
-        "databaseclusters.castellan.io",
-        "--subresource=status",
-        "-n",
-        watched,
-        &operator,
-    ]);
-    assert_eq!(
-        String::from_utf8_lossy(&status.stdout).trim(),
-        "yes",
+    assert!(
+        can_i(
+            "patch",
+            "databaseclusters.castellan.io",
+            watched,
+            &["--subresource=status", &operator]
+        ),
         "the namespaced operator may patch its clusters' status"
     );
     for (verb, resource, namespace) in [

@@ -82,6 +82,24 @@ pub fn kubectl_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// `kubectl auth can-i VERB RESOURCE -n NAMESPACE` with `extra` (`--as=…`,
+/// `--subresource=…`): yes or no; anything else (a resource kubectl cannot parse) is a
+/// broken check, not a "no", and fails the test.
+pub fn can_i(verb: &str, resource: &str, namespace: &str, extra: &[&str]) -> bool {
+    let mut args = vec!["auth", "can-i", verb, resource, "-n", namespace];
+    args.extend_from_slice(extra);
+    let output = kubectl(&args);
+    match String::from_utf8_lossy(&output.stdout).trim() {
+        "yes" => true,
+        "no" => false,
+        other => panic!(
+            "kubectl {}: {other} {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    }
+}
+
 /// A namespace that lives as long as the value. Deletion is requested on drop and not
 /// awaited: namespaces finish deleting in the background.
 pub struct TestNamespace {
