@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
 use support::cluster::{
-    LocalVolumes, Operator, describe, events, jsonpath, phase_and_ready, wait_for,
+    LocalVolumes, Operator, describe, events, events_with, jsonpath, phase_and_ready, wait_for,
 };
 use support::faults::volume_path;
 use support::{TestNamespace, client, kubectl_ok, s3};
@@ -224,7 +224,7 @@ async fn completed_wal_reaches_the_object_store_through_a_switchover_and_an_outa
         || condition(&ns, "ContinuousArchiving") == "True/Archiving",
         diagnostics,
     );
-    assert!(!events(&ns, "ArchivingResumed").is_empty());
+    assert!(!events_with(&ns, "ArchivingResumed", "").is_empty());
 
     // A replica that fell behind what its slot may hold catches up from the archive
     // (restore_command): fenced while the primary writes and checkpoints past

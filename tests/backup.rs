@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use support::cluster::{
     LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, describe, events,
-    jsonpath, phase_and_ready, try_superuser, wait_for,
+    events_with, jsonpath, phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -200,7 +200,7 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
             "{wal}, which the backup needs ({begin_wal}..{end_wal}), is archived: {archived:?}"
         );
     }
-    assert!(!events(&ns, "BackupCompleted").is_empty());
+    assert!(!events_with(&ns, "BackupCompleted", "").is_empty());
     wait_for(
         "the cluster's lastBackup",
         Duration::from_secs(30),
@@ -309,7 +309,7 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
     );
     let error = backup_status(&ns, "third", "error");
     assert!(error.contains("never restored"), "{error}");
-    assert!(!events(&ns, "BackupFailed").is_empty());
+    assert!(!events_with(&ns, "BackupFailed", "").is_empty());
     let third = format!(
         "{ns}/{CLUSTER}/{system_id}/base/{}",
         backup_status(&ns, "third", "backupId")

@@ -18,8 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, condition, describe, events, jsonpath, secret_value,
-    try_superuser, wait_for,
+    LocalVolumes, Operator, apply_cluster, condition, describe, events_with, jsonpath,
+    secret_value, try_superuser, wait_for,
 };
 use support::faults::postmaster_pid;
 use support::postgres::pg_bin_dir;
@@ -500,7 +500,7 @@ async fn postgres_serves_tls_from_the_users_ca_and_admits_only_whom_the_spec_nam
         refusal.contains(&format!("vault-rw.{ns}.svc")) && refusal.contains("keeps serving"),
         "{refusal}"
     );
-    assert!(!events(&ns, "CertificateRefused").is_empty());
+    assert!(!events_with(&ns, "CertificateRefused", "").is_empty());
     assert_eq!(served_fingerprint(&primary_address), renewed);
 
     // One for its name is served without a restart; the application Secret's ca.crt

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 use support::cluster::{
-    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_manifest, condition, describe, events,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_manifest, condition, describe, events_with,
     jsonpath, phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
@@ -204,7 +204,9 @@ async fn clusters_are_restored_to_a_point_in_time_and_from_a_bare_location() {
         },
         diagnostics,
     );
-    assert!(events(&ns, "RestoreRefused").contains("2099-01-01T00:00:00Z"));
+    assert!(
+        events_with(&ns, "RestoreRefused", "2099-01-01T00:00:00Z").contains("2099-01-01T00:00:00Z")
+    );
     kubectl_ok(&["delete", "dbc", "future", "-n", &ns, "--wait=false"]);
 
     // Verification: a Backup with verify: true is restored into a scratch instance that
@@ -264,7 +266,10 @@ async fn clusters_are_restored_to_a_point_in_time_and_from_a_bare_location() {
     );
     assert!(scratch_seen, "the scratch instance ran");
     assert_eq!(condition(&ns, "shop", "RestoreVerified"), "True/Verified");
-    assert!(events(&ns, "RestoreVerified").contains("catalog indexes intact"));
+    assert!(
+        events_with(&ns, "RestoreVerified", "catalog indexes intact")
+            .contains("catalog indexes intact")
+    );
     assert!(!jsonpath("backup", "checked", &ns, "{.status.verifiedAt}").is_empty());
     wait_for(
         "the scratch instance removed",
@@ -305,7 +310,7 @@ async fn clusters_are_restored_to_a_point_in_time_and_from_a_bare_location() {
         || verified("base") == "False",
         diagnostics,
     );
-    assert!(!events(&ns, "RestoreVerificationFailed").is_empty());
+    assert!(!events_with(&ns, "RestoreVerificationFailed", "").is_empty());
     assert_eq!(
         condition(&ns, "shop", "RestoreVerified"),
         "False/VerificationFailed"

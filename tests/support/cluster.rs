@@ -278,6 +278,20 @@ pub fn events(namespace: &str, reason: &str) -> String {
     ])
 }
 
+/// The messages of the Events with `reason` in `namespace` once one of them contains
+/// `needle` (any, when empty), waiting up to 20 s: an Event is posted beside the status
+/// write that a test usually waits for, not necessarily before it.
+pub fn events_with(namespace: &str, reason: &str, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = events(namespace, reason);
+        if (!found.is_empty() && found.contains(needle)) || Instant::now() >= deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// `phase/readyInstances` of a cluster, e.g. `Ready/3`.
 pub fn phase_and_ready(namespace: &str, name: &str) -> String {
     jsonpath(

@@ -70,6 +70,10 @@ impl StateMachine for ClusterMachine {
         match event {
             ClusterEvent::Desired(cluster) => {
                 state.cluster = Some(cluster);
+                // The conditions the next pass writes may flip with the spec (parameters
+                // corrected, a quorum asked for): their Events come with them, not with the
+                // next report of an instance.
+                record_flips(&mut state, &mut effects);
                 converge(&mut state, &mut effects);
                 // A spec change reaches the instances at once, as part of this trace.
                 plan_commands(&mut state, &mut effects);
@@ -166,10 +170,8 @@ impl StateMachine for ClusterMachine {
                 let before = roles(&state);
                 supervise_primary(&mut state, &mut effects, &name);
                 let primary_changed = before != roles(&state);
-                let synchronous = synchronous_changed(&mut state, &mut effects);
-                let archiving = archiving_changed(&mut state, &mut effects);
-                let parameters = parameters_changed(&mut state, &mut effects);
-                if synchronous || archiving || parameters || changed || primary_changed {
+                let flipped = record_flips(&mut state, &mut effects);
+                if flipped || changed || primary_changed {
                     converge(&mut state, &mut effects);
                 }
                 plan_commands(&mut state, &mut effects);
@@ -288,6 +290,15 @@ fn roles(state: &ClusterState) -> (Option<String>, Option<Failover>, Option<Swit
 }
 
 /// Starts a pass, or marks that another is needed once the running one ends.
+/// Records an Event for each condition of the machine's own assessments that flipped,
+/// and says whether any did.
+fn record_flips(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) -> bool {
+    let synchronous = synchronous_changed(state, effects);
+    let archiving = archiving_changed(state, effects);
+    let parameters = parameters_changed(state, effects);
+    synchronous || archiving || parameters
+}
+
 pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
     let Some(cluster) = state.cluster.clone() else {
         return;

@@ -160,13 +160,27 @@ mod tests {
         );
         assert!(notes(&effects).is_empty(), "one Warning, not one per poll");
 
-        // The user corrected the spec; db-2 took it.
+        // The user corrected the spec: the condition the next pass writes is True, and
+        // the Event comes with it, not with db-2's next report.
         let mut state = state;
-        state.cluster = Some(cluster(2, false, &[("work_mem", "8MB")]));
+        state.converging = false;
+        let (state, effects) = step(
+            state,
+            ClusterEvent::Desired(cluster(2, false, &[("work_mem", "8MB")])),
+        );
+        assert_eq!(notes(&effects), vec!["ParametersValid"]);
+        assert!(
+            converge_order(&effects)
+                .and_then(|o| o.parameters_condition.clone())
+                .is_some_and(|a| a.status),
+            "{effects:?}"
+        );
+        let mut state = state;
+        state.converging = false;
         let (_, effects) = step(
             state,
             ClusterEvent::Observed(view("db-2", &[("work_mem", "8MB")])),
         );
-        assert_eq!(notes(&effects), vec!["ParametersValid"]);
+        assert!(notes(&effects).is_empty(), "{effects:?}");
     }
 }
