@@ -131,7 +131,13 @@ start() { # name command...
   if running "$name"; then return 0; fi
   # setsid: the process outlives this script and make, and `down` ends its whole group.
   setsid "$@" >>"$logs/$name.log" 2>&1 < /dev/null &
-  echo $! > "$pids/$name"
+  local pid=$! tries=0
+  echo "$pid" > "$pids/$name"
+  # Until the forked shell has exec'd setsid and setsid the program, /proc/PID/exe
+  # names bash or setsid, and `running` would call the program exited.
+  while ! ours "$name" "$pid" && kill -0 "$pid" 2>/dev/null && (( tries++ < 100 )); do
+    sleep 0.05
+  done
 }
 
 healthy() {

@@ -95,11 +95,11 @@ start_process() { # name command...
   setsid "$@" >>"$logs/$name.log" 2>&1 < /dev/null &
   local pid=$!
   echo "$pid" > "$pids/$name"
-  # setsid execs the program in place: until it has, /proc/PID/exe is setsid's own, and
-  # `running` would take a node that is starting for one that exited.
-  for _ in $(seq 1 50); do
-    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == */setsid ]] || break
-    sleep 0.1
+  # Until the forked shell has exec'd setsid and setsid the node, /proc/PID/exe names
+  # bash or setsid, and `running` would take a node that is starting for one that exited.
+  local tries=0
+  while ! ours "$pid" && kill -0 "$pid" 2>/dev/null && (( tries++ < 100 )); do
+    sleep 0.05
   done
 }
 
