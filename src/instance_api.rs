@@ -150,6 +150,30 @@ pub struct StatusReport {
     /// server runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<String>,
+    /// The certificates PostgreSQL runs with (absent without TLS, or before the
+    /// manager read them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<LoadedCertificates>,
+}
+
+/// The certificates an instance's PostgreSQL runs with, as the SHA-256 fingerprints of
+/// their DER (`pki::fingerprint`): what a CA rotation waits on before each step. "Runs
+/// with" is as of the server's last start or reload, not what the mounts hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadedCertificates {
+    /// The CAs a client certificate may come from (`ssl_ca_file`).
+    #[serde(default)]
+    pub client_cas: Vec<String>,
+    /// The CAs the primary's certificate may come from (a replica's `sslrootcert`).
+    #[serde(default)]
+    pub server_cas: Vec<String>,
+    /// The server certificate PostgreSQL serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<String>,
+    /// The client certificate a replica streams with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
 }
 
 /// Who may connect to PostgreSQL over the network and how, beside TLS: what

@@ -154,6 +154,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         tls: Some(published.tls),
         access: Some(published.access),
         release: Some(published.release),
+        certificates: published.certificates,
     };
     if !published.running {
         report.error = Some("postgres is not running".to_owned());

@@ -223,6 +223,8 @@ pub struct Published {
     pub access: Access,
     /// The PostgreSQL release the binaries carry.
     pub release: String,
+    /// The certificates PostgreSQL runs with.
+    pub certificates: Option<crate::instance_api::LoadedCertificates>,
 }
 
 /// What the HTTP API and the heartbeat share with the supervisor.
@@ -775,6 +777,15 @@ struct Supervisor {
     restoring: Option<String>,
     /// A scratch instance's verdict, once it verified its backup.
     verification: Option<crate::instance_api::VerificationReport>,
+    /// What PostgreSQL runs with of the certificates, and whether it has yet to load
+    /// changed copies.
+    certificates: FollowedCertificates,
+}
+
+#[derive(Default)]
+struct FollowedCertificates {
+    loaded: Option<crate::instance_api::LoadedCertificates>,
+    pending: bool,
 }
 
 impl Supervisor {
@@ -861,27 +872,42 @@ impl Supervisor {
             tls,
             access: self.instance.access(),
             release: self.instance.release.clone(),
+            certificates: self.certificates.loaded.clone(),
         });
     }
 
     /// A renewed certificate (the operator re-issues one in the last third of its
     /// life, or when the CA changed): the copies follow the mounted Secrets, and a
-    /// running server reloads to serve it. A replica's WAL receiver reads its client
-    /// certificate at its next connection.
+    /// running server reloads to serve it (again at the next tick, if the reload
+    /// failed). A replica's WAL receiver reads its client certificate at its next
+    /// connection. What the server then runs with is published.
     async fn follow_certificates(&mut self) {
+        let Some(certificates) = &self.instance.certificates else {
+            return;
+        };
         match self.instance.install_certificates().await {
-            Ok(false) => {}
-            Ok(true) if self.postmaster.is_some() => match database::reload(&self.pool).await {
-                Ok(()) => tracing::info!("the TLS certificates changed: reloaded PostgreSQL"),
-                Err(error) => {
-                    tracing::warn!(%error, "the TLS certificates changed but PostgreSQL could not be reloaded")
-                }
-            },
-            Ok(true) => tracing::info!("installed the TLS certificates"),
+            Ok(changed) => self.certificates.pending |= changed,
             Err(error) => {
-                tracing::warn!(error = %format!("{error:#}"), "following the TLS certificates")
+                tracing::warn!(error = %format!("{error:#}"), "following the TLS certificates");
+                return;
             }
         }
+        if !self.certificates.pending && self.certificates.loaded.is_some() {
+            return;
+        }
+        if self.certificates.pending && self.postmaster.is_some() {
+            match database::reload(&self.pool).await {
+                Ok(()) => tracing::info!("the TLS certificates changed: reloaded PostgreSQL"),
+                Err(error) => {
+                    tracing::warn!(%error, "the TLS certificates changed but PostgreSQL could not be reloaded; trying again");
+                    return;
+                }
+            }
+        }
+        // A stopped server reads them when it starts.
+        self.certificates.pending = false;
+        self.certificates.loaded = Some(tls::loaded(&certificates.files).await);
+        self.publish();
     }
 
     /// Waits before trying again after a failure. The failure is logged, not reported
@@ -1648,6 +1674,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         restoring: None,
         passwords,
         verification: None,
+        certificates: FollowedCertificates::default(),
     };
     supervisor.settle().await;
 

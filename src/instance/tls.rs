@@ -108,6 +108,20 @@ pub async fn install(mounted: &Mounted, files: &Files) -> Result<bool, Bootstrap
     Ok(changed)
 }
 
+/// The certificates the copies hold, by fingerprint: what PostgreSQL runs with once
+/// it started or reloaded after they were written.
+pub async fn loaded(files: &Files) -> crate::instance_api::LoadedCertificates {
+    let read = |path: PathBuf| async move {
+        crate::pki::fingerprints(&tokio::fs::read(path).await.unwrap_or_default())
+    };
+    crate::instance_api::LoadedCertificates {
+        client_cas: read(files.client_ca()).await,
+        server_cas: read(files.server_ca()).await,
+        served: read(files.server_cert()).await.into_iter().next(),
+        client: read(files.client_cert()).await.into_iter().next(),
+    }
+}
+
 /// How this instance's PostgreSQL talks over TCP.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transport {

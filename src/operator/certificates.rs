@@ -1,9 +1,11 @@
 //! Where the operator keeps Castellan's PKI (`crate::pki` makes the certificates):
 //!
 //! - the CA in the Secret `castellan-ca` of the operator's own namespace
-//!   (`kubernetes.io/tls`: `tls.crt`, `tls.key`), made by the first operator that finds
-//!   none and never rewritten: two replicas racing to make it end with the one the API
-//!   server stored first;
+//!   (`kubernetes.io/tls`: `tls.crt`, `tls.key` of the issuing CA, `ca.crt` the CAs
+//!   everything trusts, and during a rotation `next.crt`, `next.key` of the coming CA),
+//!   made by the first operator that finds none: two replicas racing to make it end
+//!   with the one the API server stored first. Only a rotation (`rotation`) rewrites
+//!   it, each step conditional on what it read;
 //! - each cluster's certificates beside the cluster, owned by it: the instance API's
 //!   (`<cluster>-instance-tls`), PostgreSQL's server certificate (`<cluster>-server-tls`)
 //!   and the replicas' client certificate (`<cluster>-replication-tls`), each made once
@@ -11,6 +13,7 @@
 //!   signed by a CA that is no longer the CA).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use castellan_crds::DatabaseCluster;
@@ -19,12 +22,10 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 
 use super::build;
 use super::cluster::{Assessment, Note};
-use crate::pki::{self, Authority, Issued, PkiError, Standing};
+use crate::pki::{self, Authority, Issued, PkiError, Standing, Trust};
 
 /// The CA's Secret, in the operator's namespace.
 pub const CA_SECRET: &str = "castellan-ca";
@@ -69,7 +70,9 @@ fn text(data: &BTreeMap<String, ByteString>, key: &str) -> Option<String> {
         .map(|value| String::from_utf8_lossy(&value.0).into_owned())
 }
 
-fn read_authority(secret: &Secret, namespace: &str) -> Result<Authority, Error> {
+/// The CAs a CA Secret holds: the issuing one (`tls.crt`, `tls.key`), a coming one
+/// (`next.crt`, `next.key`) and the bundle (`ca.crt`).
+pub fn read_trust(secret: &Secret, namespace: &str) -> Result<Trust, Error> {
     let name = secret.name_any();
     let data = secret.data.clone().unwrap_or_default();
     let field = |key: &'static str| {
@@ -79,12 +82,36 @@ fn read_authority(secret: &Secret, namespace: &str) -> Result<Authority, Error> 
             key,
         })
     };
-    Authority::from_pem(&field("tls.crt")?, &field("tls.key")?).map_err(pki_error(format!(
-        "reading the CA from Secret {namespace}/{name}"
-    )))
+    let reading = |what: &str| pki_error(format!("reading {what} from Secret {namespace}/{name}"));
+    let authority =
+        Authority::from_pem(&field("tls.crt")?, &field("tls.key")?).map_err(reading("the CA"))?;
+    let next = match (text(&data, "next.crt"), text(&data, "next.key")) {
+        (Some(cert), Some(key)) => Some(Arc::new(
+            Authority::from_pem(&cert, &key).map_err(reading("the coming CA"))?,
+        )),
+        _ => None,
+    };
+    let bundle = text(&data, "ca.crt").unwrap_or_default();
+    Trust::new(Arc::new(authority), next, bundle.as_bytes()).map_err(reading("the CA bundle"))
 }
 
-fn ca_secret(authority: &Authority, namespace: &str) -> Secret {
+/// The CA Secret's data for `trust`.
+pub fn trust_data(trust: &Trust) -> BTreeMap<String, ByteString> {
+    let mut data = BTreeMap::from([
+        ("tls.crt", trust.authority.cert_pem().to_owned()),
+        ("tls.key", trust.authority.key_pem().to_owned()),
+        ("ca.crt", trust.bundle_pem()),
+    ]);
+    if let Some(next) = &trust.next {
+        data.insert("next.crt", next.cert_pem().to_owned());
+        data.insert("next.key", next.key_pem().to_owned());
+    }
+    data.into_iter()
+        .map(|(key, value)| (key.to_owned(), ByteString(value.into_bytes())))
+        .collect()
+}
+
+fn ca_secret(trust: &Trust, namespace: &str) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(CA_SECRET.to_owned()),
@@ -96,28 +123,19 @@ fn ca_secret(authority: &Authority, namespace: &str) -> Secret {
             ..ObjectMeta::default()
         },
         type_: Some("kubernetes.io/tls".to_owned()),
-        data: Some(BTreeMap::from([
-            (
-                "tls.crt".to_owned(),
-                ByteString(authority.cert_pem().as_bytes().to_vec()),
-            ),
-            (
-                "tls.key".to_owned(),
-                ByteString(authority.key_pem().as_bytes().to_vec()),
-            ),
-        ])),
+        data: Some(trust_data(trust)),
         ..Secret::default()
     }
 }
 
-/// The CA of this installation: the one the user brings in `user_secret` (read, never
+/// The CAs of this installation: the one the user brings in `user_secret` (read, never
 /// written), or Castellan's own, read from `castellan-ca` or made and stored there if
 /// there is none.
-pub async fn ensure_authority(
+pub async fn ensure_trust(
     client: &Client,
     namespace: &str,
     user_secret: Option<&str>,
-) -> Result<Authority, Error> {
+) -> Result<Trust, Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     if let Some(user_secret) = user_secret {
         let found = secrets
@@ -131,7 +149,7 @@ pub async fn ensure_authority(
                 secret: user_secret.to_owned(),
             })?;
         tracing::info!(secret = %format!("{namespace}/{user_secret}"), "using the CA the user brings");
-        return read_authority(&found, namespace);
+        return read_trust(&found, namespace);
     }
     let reading = format!("reading Secret {namespace}/{CA_SECRET}");
     if let Some(found) = secrets
@@ -140,23 +158,24 @@ pub async fn ensure_authority(
         .map_err(kube_error(reading.clone()))?
     {
         tracing::info!(secret = %format!("{namespace}/{CA_SECRET}"), "using the existing CA");
-        return read_authority(&found, namespace);
+        return read_trust(&found, namespace);
     }
     let authority = Authority::generate(SystemTime::now()).map_err(pki_error("making a new CA"))?;
+    let trust = Trust::single(Arc::new(authority));
     match secrets
-        .create(&PostParams::default(), &ca_secret(&authority, namespace))
+        .create(&PostParams::default(), &ca_secret(&trust, namespace))
         .await
     {
         Ok(_) => {
             tracing::info!(secret = %format!("{namespace}/{CA_SECRET}"), "made a new CA");
-            Ok(authority)
+            Ok(trust)
         }
         // Another replica stored its CA first; that one is the CA, and this one is
         // forgotten before it signed anything.
         Err(kube::Error::Api(status)) if status.code == 409 => {
             tracing::info!("another operator made the CA first; using it");
             let found = secrets.get(CA_SECRET).await.map_err(kube_error(reading))?;
-            read_authority(&found, namespace)
+            read_trust(&found, namespace)
         }
         Err(source) => Err(Error::Kube {
             what: format!("creating Secret {namespace}/{CA_SECRET}"),
@@ -165,40 +184,48 @@ pub async fn ensure_authority(
     }
 }
 
-/// Why a cluster's instance Secret must be written, if it must.
-fn reissue_reason(
+/// What a cluster's certificate Secret needs.
+#[derive(Debug, PartialEq, Eq)]
+enum Renewal {
+    /// A new certificate, for this reason.
+    Issue(String),
+    /// The certificate stays; `ca.crt` becomes the trust bundle (a rotation added or
+    /// dropped a CA).
+    Rebundle,
+}
+
+/// What a cluster's certificate Secret needs, if anything.
+fn renewal(
     secret: Option<&Secret>,
-    authority: &Authority,
+    trust: &Trust,
     server_name: &str,
     now: SystemTime,
-) -> Option<String> {
+) -> Option<Renewal> {
     let Some(secret) = secret else {
-        return Some("there is none".to_owned());
+        return Some(Renewal::Issue("there is none".to_owned()));
     };
     let data = secret.data.clone().unwrap_or_default();
     let (Some(cert), Some(_key)) = (data.get("tls.crt"), data.get("tls.key")) else {
-        return Some("the Secret lacks tls.crt or tls.key".to_owned());
+        return Some(Renewal::Issue(
+            "the Secret lacks tls.crt or tls.key".to_owned(),
+        ));
     };
-    match authority.examine(&cert.0, server_name, now) {
+    match trust.authority.examine(&cert.0, server_name, now) {
         Standing::Current => {}
-        Standing::Expiring => return Some("it has a third of its life left or less".to_owned()),
-        Standing::Foreign(why) | Standing::Unreadable(why) => return Some(why),
+        Standing::Expiring => {
+            return Some(Renewal::Issue(
+                "it has a third of its life left or less".to_owned(),
+            ));
+        }
+        Standing::Foreign(why) | Standing::Unreadable(why) => return Some(Renewal::Issue(why)),
     }
-    // The instances trust the callers that ca.crt lists; it must list the CA that
-    // signed the operator's certificate.
-    let trusted = data
+    // The instances trust the callers (and each other's certificates) that ca.crt
+    // lists: exactly the CAs of the bundle.
+    let bundle = data
         .get("ca.crt")
-        .map(|bundle| {
-            CertificateDer::pem_slice_iter(&bundle.0)
-                .filter_map(Result::ok)
-                .any(|ca| ca == *authority.cert_der())
-        })
-        .unwrap_or(false);
-    if trusted {
-        None
-    } else {
-        Some("its ca.crt does not hold the current CA".to_owned())
-    }
+        .map(|b| b.0.as_slice())
+        .unwrap_or_default();
+    (!trust.is_bundle(bundle)).then_some(Renewal::Rebundle)
 }
 
 /// The certificates a cluster's pods mount, each in a Secret of its own beside the
@@ -261,7 +288,7 @@ impl ClusterCertificate {
 pub async fn ensure_certificate(
     client: &Client,
     cluster: &DatabaseCluster,
-    authority: &Authority,
+    trust: &Trust,
     which: ClusterCertificate,
 ) -> Result<Option<Note>, Error> {
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
@@ -273,16 +300,38 @@ pub async fn ensure_certificate(
         .map_err(kube_error(format!("reading Secret {namespace}/{name}")))?;
     let expected = which.expected_name(&cluster.name_any(), &namespace);
     let now = SystemTime::now();
-    let Some(reason) = reissue_reason(existing.as_ref(), authority, &expected, now) else {
-        return Ok(None);
+    let reason = match renewal(existing.as_ref(), trust, &expected, now) {
+        None => return Ok(None),
+        Some(Renewal::Issue(reason)) => reason,
+        Some(Renewal::Rebundle) => {
+            let Some(mut secret) = existing.clone() else {
+                return Ok(None);
+            };
+            let bundle = trust.bundle_pem();
+            secret
+                .data
+                .get_or_insert_default()
+                .insert("ca.crt".to_owned(), ByteString(bundle.into_bytes()));
+            if !write_secret(&secrets, existing, secret).await? {
+                return Ok(None);
+            }
+            tracing::info!(secret = %name, cas = trust.bundle().len(), "updated the CAs a Secret trusts");
+            return Ok(Some(Note::normal(
+                "UpdatedTrust",
+                format!(
+                    "Secret {name} now trusts {} CA(s): a CA rotation is under way or done",
+                    trust.bundle().len()
+                ),
+            )));
+        }
     };
     let issued = which
-        .issue(authority, &cluster.name_any(), &namespace, now)
+        .issue(&trust.authority, &cluster.name_any(), &namespace, now)
         .map_err(pki_error(format!(
             "issuing {} for {expected}",
             which.describe()
         )))?;
-    let secret = build::tls_secret(cluster, which.suffix(), authority.cert_pem(), &issued);
+    let secret = build::tls_secret(cluster, which.suffix(), &trust.bundle_pem(), &issued);
     let expires = k8s_openapi::jiff::Timestamp::try_from(issued.not_after)
         .map(|t| t.to_string())
         .unwrap_or_else(|_| "?".to_owned());
@@ -297,6 +346,33 @@ pub async fn ensure_certificate(
             which.describe()
         ),
     )))
+}
+
+/// The fingerprint of the certificate of kind `which` in the cluster's Secret, once it
+/// is right for `trust` (issued by its issuing CA, `ca.crt` its bundle); otherwise what
+/// is not right yet, which the cluster's next pass mends.
+pub async fn settled_certificate(
+    client: &Client,
+    cluster: &DatabaseCluster,
+    trust: &Trust,
+    which: ClusterCertificate,
+) -> Result<String, String> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let name = build::secret_name(cluster, which.suffix());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let found = secrets
+        .get_opt(&name)
+        .await
+        .map_err(|error| format!("reading Secret {name}: {error}"))?;
+    let expected = which.expected_name(&cluster.name_any(), &namespace);
+    match renewal(found.as_ref(), trust, &expected, SystemTime::now()) {
+        Some(Renewal::Issue(why)) => Err(format!("Secret {name} is to be issued again ({why})")),
+        Some(Renewal::Rebundle) => Err(format!("Secret {name} does not list the CAs yet")),
+        None => Ok(found
+            .and_then(|secret| secret.data?.get("tls.crt").cloned())
+            .and_then(|cert| pki::fingerprints(&cert.0).into_iter().next())
+            .unwrap_or_default()),
+    }
 }
 
 /// Creates `secret`, or replaces `existing` with it conditionally on what was read, so
@@ -466,7 +542,8 @@ mod tests {
     #[test]
     fn an_instance_secret_is_written_only_when_it_is_not_right() {
         let now = SystemTime::now();
-        let ca = Authority::generate(now).expect("a CA");
+        let ca = Arc::new(Authority::generate(now).expect("a CA"));
+        let trust = Trust::single(ca.clone());
         let name = pki::server_name("orders", "shop");
         let issued = ca.issue_server("orders", "shop", now).expect("issued");
         let good = secret(&[
@@ -474,49 +551,95 @@ mod tests {
             ("tls.crt", &issued.cert_pem),
             ("tls.key", &issued.key_pem),
         ]);
-        assert_eq!(reissue_reason(Some(&good), &ca, &name, now), None);
-        assert!(reissue_reason(None, &ca, &name, now).is_some());
+        let issue = |found: Option<&Secret>, trust: &Trust, at: SystemTime| {
+            matches!(renewal(found, trust, &name, at), Some(Renewal::Issue(_)))
+        };
+        assert_eq!(renewal(Some(&good), &trust, &name, now), None);
+        assert!(issue(None, &trust, now));
         assert!(
-            reissue_reason(Some(&good), &ca, &name, now + pki::SERVER_VALIDITY * 3 / 4).is_some(),
+            issue(Some(&good), &trust, now + pki::SERVER_VALIDITY * 3 / 4),
             "renewed in the last third of its life"
         );
-        let other = Authority::generate(now).expect("another CA");
+        let other = Arc::new(Authority::generate(now).expect("another CA"));
         assert!(
-            reissue_reason(Some(&good), &other, &name, now).is_some(),
+            issue(Some(&good), &Trust::single(other.clone()), now),
             "re-issued when the CA changed"
         );
-        let stale_bundle = secret(&[
-            ("ca.crt", other.cert_pem()),
-            ("tls.crt", &issued.cert_pem),
-            ("tls.key", &issued.key_pem),
-        ]);
-        assert!(reissue_reason(Some(&stale_bundle), &ca, &name, now).is_some());
-        let bundle = format!("{}{}", other.cert_pem(), ca.cert_pem());
-        let rotating = secret(&[
-            ("ca.crt", &bundle),
-            ("tls.crt", &issued.cert_pem),
-            ("tls.key", &issued.key_pem),
-        ]);
-        assert_eq!(
-            reissue_reason(Some(&rotating), &ca, &name, now),
-            None,
-            "a bundle that holds the current CA is right"
-        );
         let keyless = secret(&[("ca.crt", ca.cert_pem()), ("tls.crt", &issued.cert_pem)]);
-        assert!(reissue_reason(Some(&keyless), &ca, &name, now).is_some());
+        assert!(issue(Some(&keyless), &trust, now));
     }
 
     #[test]
-    fn the_ca_secret_reads_back_as_the_same_ca() {
-        let ca = Authority::generate(SystemTime::now()).expect("a CA");
-        let stored = ca_secret(&ca, "castellan-system");
+    fn a_rotation_changes_ca_crt_without_issuing_while_the_certificate_is_the_issuing_cas() {
+        let now = SystemTime::now();
+        let old = Arc::new(Authority::generate(now).expect("the old CA"));
+        let new = Arc::new(Authority::generate(now).expect("the new CA"));
+        let name = pki::server_name("orders", "shop");
+        let issued = old.issue_server("orders", "shop", now).expect("issued");
+        let with_bundle = |bundle: &str| {
+            secret(&[
+                ("ca.crt", bundle),
+                ("tls.crt", &issued.cert_pem),
+                ("tls.key", &issued.key_pem),
+            ])
+        };
+        let steady = with_bundle(old.cert_pem());
+        // First step: the coming CA is trusted, nothing is issued.
+        let trusting =
+            Trust::new(old.clone(), Some(new.clone()), old.cert_pem().as_bytes()).expect("two");
+        assert_eq!(
+            renewal(Some(&steady), &trusting, &name, now),
+            Some(Renewal::Rebundle)
+        );
+        let bundled = with_bundle(&trusting.bundle_pem());
+        assert_eq!(renewal(Some(&bundled), &trusting, &name, now), None);
+        // Second: the new CA issues; the old certificate is replaced.
+        let retiring = trusting.switched().expect("switched");
+        assert!(matches!(
+            renewal(Some(&bundled), &retiring, &name, now),
+            Some(Renewal::Issue(why)) if why.contains("not signed by the current CA")
+        ));
+        // Last: the old CA leaves ca.crt; a certificate of the new one stays.
+        let renewed = new.issue_server("orders", "shop", now).expect("issued");
+        let current = secret(&[
+            ("ca.crt", &retiring.bundle_pem()),
+            ("tls.crt", &renewed.cert_pem),
+            ("tls.key", &renewed.key_pem),
+        ]);
+        assert_eq!(renewal(Some(&current), &retiring, &name, now), None);
+        assert_eq!(
+            renewal(Some(&current), &retiring.retired(), &name, now),
+            Some(Renewal::Rebundle)
+        );
+    }
+
+    #[test]
+    fn the_ca_secret_reads_back_as_the_same_cas() {
+        let now = SystemTime::now();
+        let ca = Arc::new(Authority::generate(now).expect("a CA"));
+        let stored = ca_secret(&Trust::single(ca.clone()), "castellan-system");
         assert_eq!(stored.type_.as_deref(), Some("kubernetes.io/tls"));
-        let read = read_authority(&stored, "castellan-system").expect("reads back");
-        assert_eq!(read.cert_der(), ca.cert_der());
+        let read = read_trust(&stored, "castellan-system").expect("reads back");
+        assert_eq!(read.authority.cert_der(), ca.cert_der());
+        assert!(read.next.is_none() && !read.retiring());
+        // A rotation's first step reads back with its coming CA.
+        let next = Arc::new(Authority::generate(now).expect("the coming CA"));
+        let trusting = Trust::new(ca.clone(), Some(next.clone()), b"").expect("two");
+        let stored = ca_secret(&trusting, "castellan-system");
+        let read = read_trust(&stored, "castellan-system").expect("reads back");
+        assert_eq!(
+            read.next.as_ref().map(|n| n.fingerprint()),
+            Some(next.fingerprint())
+        );
+        assert_eq!(read.fingerprints(), trusting.fingerprints());
+        // Made before rotation existed: no ca.crt, trust is the issuing CA.
+        let old_layout = secret(&[("tls.crt", ca.cert_pem()), ("tls.key", ca.key_pem())]);
+        let read = read_trust(&old_layout, "castellan-system").expect("reads");
+        assert_eq!(read.bundle().len(), 1);
         let mut broken = secret(&[("tls.crt", ca.cert_pem())]);
         broken.metadata.name = Some(CA_SECRET.to_owned());
         assert!(matches!(
-            read_authority(&broken, "castellan-system"),
+            read_trust(&broken, "castellan-system"),
             Err(Error::Incomplete { key: "tls.key", .. })
         ));
     }

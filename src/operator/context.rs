@@ -25,8 +25,9 @@ pub struct Shared {
     pub settings: build::Settings,
     pub runtime: tokio::runtime::Handle,
     pub recorder: Recorder,
-    /// Castellan's CA, which issues the instances' certificates.
-    pub authority: Arc<crate::pki::Authority>,
+    /// Castellan's CAs: the one that issues the instances' certificates, and the ones
+    /// everything trusts (two during a rotation, which replaces this).
+    trust: std::sync::RwLock<Arc<crate::pki::Trust>>,
     /// Every Node, kept current by a watch (`operator::run`): a pass reads its pods'
     /// nodes from here instead of asking the API server each time.
     pub nodes: Store<Node>,
@@ -38,7 +39,7 @@ impl Shared {
         metrics: Arc<Metrics>,
         settings: build::Settings,
         identity: &str,
-        authority: Arc<crate::pki::Authority>,
+        trust: crate::pki::Trust,
         nodes: Store<Node>,
     ) -> Self {
         let reporter = Reporter {
@@ -51,9 +52,29 @@ impl Shared {
             metrics,
             settings,
             runtime: tokio::runtime::Handle::current(),
-            authority,
+            trust: std::sync::RwLock::new(Arc::new(trust)),
             nodes,
         }
+    }
+
+    /// The CAs as they stand now.
+    pub fn trust(&self) -> Arc<crate::pki::Trust> {
+        match self.trust.read() {
+            Ok(trust) => trust.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the CAs (a rotation's step), and the instance API client's
+    /// certificate and roots with them.
+    pub fn set_trust(&self, trust: crate::pki::Trust) -> Result<(), crate::pki::PkiError> {
+        super::instance_client::configure(crate::pki::tls::operator_client_config(&trust)?);
+        let mut current = match self.trust.write() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *current = Arc::new(trust);
+        Ok(())
     }
 
     /// Records a Kubernetes Event on the cluster. An Event that cannot be written is

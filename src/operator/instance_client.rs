@@ -7,11 +7,12 @@
 //! the server name (`<cluster>.<namespace>.instance.castellan.io`), so a stale address
 //! whose IP now belongs to another cluster's pod is refused rather than obeyed.
 //!
-//! The TLS configuration (Castellan's CA, the operator's client certificate) is set
-//! once for the process at startup ([`configure`]), so callers only say what to call.
+//! The TLS configuration (Castellan's CAs, the operator's client certificate) is set
+//! for the process at startup and again when the CA rotates ([`configure`]), so
+//! callers only say what to call.
 
 use std::io;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
@@ -60,12 +61,22 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// Answers are small JSON documents; anything larger is not an instance manager's.
 const MAX_BODY: usize = 1 << 20;
 
-static TLS: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+static TLS: RwLock<Option<Arc<rustls::ClientConfig>>> = RwLock::new(None);
 
-/// Sets the TLS configuration every call uses; the first one set stays.
+/// Sets the TLS configuration every call from now on uses (calls under way finish
+/// with the one they started with).
 pub fn configure(config: rustls::ClientConfig) {
-    if TLS.set(Arc::new(config)).is_err() {
-        tracing::warn!("the instance API's TLS configuration was already set; keeping it");
+    let mut current = match TLS.write() {
+        Ok(current) => current,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    *current = Some(Arc::new(config));
+}
+
+fn configured() -> Option<Arc<rustls::ClientConfig>> {
+    match TLS.read() {
+        Ok(current) => current.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
     }
 }
 
@@ -118,10 +129,11 @@ fn target(address: &str) -> io::Result<(ServerName<'static>, &str)> {
 
 /// Connects, verifies the instance, sends one request and reads the answer.
 async fn exchange(
+    tls: Option<Arc<rustls::ClientConfig>>,
     address: &str,
     request: hyper::Request<Full<Bytes>>,
 ) -> io::Result<(hyper::StatusCode, Bytes)> {
-    let tls = TLS.get().cloned().ok_or_else(|| {
+    let tls = tls.ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::NotConnected,
             "the operator's TLS configuration for the instance API is not set",
@@ -171,6 +183,27 @@ pub async fn call_within(
     body: Option<&Value>,
     timeout: Duration,
 ) -> Result<Value, InstanceApiError> {
+    request(configured(), method, address, path, body, timeout).await
+}
+
+/// `GET path` with a TLS configuration of its own rather than the process' one: what
+/// a CA rotation proves an instance's trust with.
+pub async fn get_as(
+    tls: Arc<rustls::ClientConfig>,
+    address: &str,
+    path: &str,
+) -> Result<Value, InstanceApiError> {
+    request(Some(tls), "GET", address, path, None, TIMEOUT).await
+}
+
+async fn request(
+    tls: Option<Arc<rustls::ClientConfig>>,
+    method: &'static str,
+    address: &str,
+    path: &str,
+    body: Option<&Value>,
+    timeout: Duration,
+) -> Result<Value, InstanceApiError> {
     let io_error = |source| InstanceApiError::Io {
         method,
         path: path.to_owned(),
@@ -192,7 +225,7 @@ pub async fn call_within(
     let request = request
         .body(Full::new(Bytes::from(payload)))
         .map_err(|e| io_error(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
-    let exchanged = tokio::time::timeout(timeout, exchange(address, request)).instrument(span);
+    let exchanged = tokio::time::timeout(timeout, exchange(tls, address, request)).instrument(span);
     let (status, body) = match exchanged.await {
         Ok(Ok(answer)) => answer,
         Ok(Err(source)) => return Err(io_error(source)),
@@ -305,7 +338,9 @@ mod tests {
             matches!(&unconfigured, Err(InstanceApiError::Io { source, .. }) if source.kind() == io::ErrorKind::NotConnected),
             "{unconfigured:?}"
         );
-        configure(tls::operator_client_config(ca).expect("client config"));
+        configure(
+            tls::operator_client_config(&crate::pki::Trust::single(ca)).expect("client config"),
+        );
 
         let right = address(&server_name("orders", "shop"), &ip, port);
         let answer = call("GET", &right, "/status", None)

@@ -27,6 +27,7 @@ mod reconcile;
 mod replica;
 mod restore;
 mod root;
+mod rotation;
 mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -112,14 +113,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     metrics
         .leader
         .store(1, std::sync::atomic::Ordering::Relaxed);
-    // The CA, and the operator's client certificate for the instance API from it.
-    let authority = Arc::new(
-        certificates::ensure_authority(&client, &args.namespace, args.ca_secret.as_deref())
-            .await
-            .context("setting up Castellan's CA")?,
-    );
+    // The CAs, and the operator's client certificate for the instance API.
+    let trust = certificates::ensure_trust(&client, &args.namespace, args.ca_secret.as_deref())
+        .await
+        .context("setting up Castellan's CA")?;
     instance_client::configure(
-        crate::pki::tls::operator_client_config(authority.clone())
+        crate::pki::tls::operator_client_config(&trust)
             .context("setting up the operator's client certificate")?,
     );
     // A pass reads its pods' nodes (drains, lost nodes) from this store of every Node,
@@ -136,7 +135,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             otlp_headers_secret: args.otlp_headers_secret.clone(),
         },
         &identity,
-        authority,
+        trust,
         nodes,
     ));
     let system = castellan_actors::ActorSystem::start("castellan-actors")
@@ -170,6 +169,18 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         watched(&client, &args),
         context.shared.clone(),
     );
+    // The CA rotates under the same lease; a CA the user brings is theirs to rotate.
+    let rotation = match &args.ca_secret {
+        None => Some(tokio::spawn(rotation::run(
+            context.shared.clone(),
+            args.namespace.clone(),
+            watched(&client, &args),
+        ))),
+        Some(secret) => {
+            tracing::info!(%secret, "the CA is the user's: Castellan does not rotate it");
+            None
+        }
+    };
     tracing::info!("DatabaseCluster controller starting");
     let controller = Controller::new(watched(&client, &args), watcher::Config::default());
     // Deleted clusters (no finalizer: owner references clean up) never reach
@@ -202,6 +213,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         }
     }
     tracing::info!("DatabaseCluster controller stopped");
+    if let Some(rotation) = rotation {
+        rotation.abort();
+    }
     // Stop renewing before giving the lease up, or the renewal would take it back.
     lost.abort();
     tokio::task::spawn_blocking(move || system.shutdown())

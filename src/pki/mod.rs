@@ -19,6 +19,9 @@
 
 pub mod cli;
 pub mod tls;
+mod trust;
+
+pub use trust::Trust;
 
 use std::time::{Duration, SystemTime};
 
@@ -458,22 +461,58 @@ impl Authority {
             }
             Err(error) => return Standing::Unreadable(error.to_string()),
         }
-        let validity = certificate.validity();
-        let start = validity.not_before.timestamp();
-        let end = validity.not_after.timestamp();
-        let now = now
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-            .unwrap_or(0);
-        // Renew once a third of the life is left: a year's certificate four months
-        // ahead, which leaves time for pods to pick the new one up and for a person to
-        // notice if renewal keeps failing.
-        if (end - now).saturating_mul(3) <= end - start {
+        if third_left(&certificate, now) {
             Standing::Expiring
         } else {
             Standing::Current
         }
     }
+
+    /// Whether a third or less of the CA's own life is left: time to rotate it.
+    pub fn expiring(&self, now: SystemTime) -> bool {
+        parse(&self.cert_der, "the CA certificate").is_ok_and(|ca| third_left(&ca, now))
+    }
+
+    /// The SHA-256 fingerprint of the CA's certificate.
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.cert_der)
+    }
+}
+
+/// Whether a third or less of a certificate's life is left. Renewing then gives a
+/// year's certificate four months, time for pods to pick the new one up and for a
+/// person to notice if renewal keeps failing.
+fn third_left(
+    certificate: &x509_parser::certificate::X509Certificate<'_>,
+    now: SystemTime,
+) -> bool {
+    let validity = certificate.validity();
+    let start = validity.not_before.timestamp();
+    let end = validity.not_after.timestamp();
+    let now = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    (end - now).saturating_mul(3) <= end - start
+}
+
+/// The SHA-256 of a certificate's DER, in lowercase hex: how an instance names the
+/// certificates it loaded, and the operator the ones in its Secrets.
+pub fn fingerprint(der: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, der)
+        .as_ref()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// The fingerprints of the certificates in a PEM text, in order; blocks that cannot be
+/// read are left out.
+pub fn fingerprints(pem: &[u8]) -> Vec<String> {
+    CertificateDer::pem_slice_iter(pem)
+        .filter_map(Result::ok)
+        .map(|der| fingerprint(&der))
+        .collect()
 }
 
 #[cfg(test)]

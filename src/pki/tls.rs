@@ -1,9 +1,9 @@
 //! The TLS configurations of the two ends of the instance API.
 //!
-//! - The operator ([`operator_client_config`]) trusts only Castellan's CA, verifies the
-//!   instance's server certificate for the cluster's name (not the IP it dials), and
-//!   presents its client certificate, re-issued in memory when a third of its life is
-//!   left.
+//! - The operator ([`operator_client_config`]) trusts Castellan's CAs (two during a
+//!   rotation), verifies the instance's server certificate for the cluster's name (not
+//!   the IP it dials), and presents its client certificate, re-issued in memory when a
+//!   third of its life is left.
 //! - An instance manager ([`instance_server_config`]) serves its cluster's certificate
 //!   (re-read when the mounted Secret changes) and requires a client certificate that
 //!   chains to the CA, carries EKU clientAuth, and names the operator.
@@ -88,15 +88,28 @@ pub fn check_server_certificate(
     super::not_after(leaf).map_err(|e| e.to_string())
 }
 
-/// The operator's client configuration for the instance API.
-pub fn operator_client_config(authority: Arc<Authority>) -> Result<ClientConfig, PkiError> {
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(authority.cert_der().clone())
-        .map_err(|source| PkiError::Tls {
+/// The operator's client configuration for the instance API: its certificate from
+/// the issuing CA, and every CA of the bundle trusted as a server's issuer (during a
+/// rotation, instances serve certificates of either CA).
+pub fn operator_client_config(trust: &super::Trust) -> Result<ClientConfig, PkiError> {
+    client_config(trust.authority.clone(), trust.bundle())
+}
+
+/// A client configuration with a certificate from `authority` that trusts only
+/// `roots`: what a rotation proves an instance with (it trusts the coming CA; it
+/// serves a certificate of the new CA).
+pub fn client_config(
+    authority: Arc<Authority>,
+    roots: &[CertificateDer<'static>],
+) -> Result<ClientConfig, PkiError> {
+    let mut store = RootCertStore::empty();
+    for root in roots {
+        store.add(root.clone()).map_err(|source| PkiError::Tls {
             what: "the operator's trust in the CA",
             source,
         })?;
+    }
+    let roots = store;
     let certificate = OperatorCertificate::new(authority, SystemTime::now())?;
     Ok(ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -387,7 +400,7 @@ impl ResolvesServerCert for FileCertificate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pki::server_name;
+    use crate::pki::{Trust, server_name};
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -541,7 +554,7 @@ mod tests {
         let files = Files::write("through", &ca, &server);
         let name = server_name("orders", "shop");
 
-        let operator = operator_client_config(ca.clone()).expect("operator config");
+        let operator = operator_client_config(&Trust::single(ca.clone())).expect("operator config");
         let config = Arc::new(files.server_config());
         assert!(
             exchange(config.clone(), operator.clone(), &name)
@@ -637,7 +650,8 @@ mod tests {
                 .is_some(),
             "the new CA is trusted once ca.crt lists it"
         );
-        let operator = operator_client_config(old.clone()).expect("operator config");
+        let operator =
+            operator_client_config(&Trust::single(old.clone())).expect("operator config");
         assert!(
             exchange(config.clone(), operator, &name).await.is_some(),
             "and the old one still is"
@@ -659,7 +673,8 @@ mod tests {
         let files = Files::write("renewed", &ca, &server);
         let config = Arc::new(files.server_config());
         // A new client each time: a resumed session would show the first certificate.
-        let operator = || operator_client_config(ca.clone()).expect("operator config");
+        let operator =
+            || operator_client_config(&Trust::single(ca.clone())).expect("operator config");
         let name = server_name("orders", "shop");
         let first = exchange(config.clone(), operator(), &name).await;
         assert_eq!(first, Some(server.cert_der().expect("der")));

@@ -173,7 +173,8 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     // The certificates, before any pod mounts them, and before the application Secret,
     // whose ca.crt is the CA the served certificate is verified with.
     let mut server_certificate = None;
-    let mut server_ca = Some(context.authority.cert_pem().to_owned());
+    let trust = context.trust();
+    let mut server_ca = Some(trust.bundle_pem());
     for which in ClusterCertificate::ALL {
         let note = match (which, cluster.spec.server_certificate_secret()) {
             (ClusterCertificate::Postgres, Some(source)) => {
@@ -184,9 +185,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
                 server_certificate = Some(brought.assessment);
                 brought.note
             }
-            _ => {
-                certificates::ensure_certificate(client, cluster, &context.authority, which).await?
-            }
+            _ => certificates::ensure_certificate(client, cluster, &trust, which).await?,
         };
         if let Some(note) = note {
             context.record(cluster, note).await;
