@@ -1167,3 +1167,50 @@ async fn a_former_primary_forked_on_the_same_timeline_is_copied_afresh() {
     }
     drop(leases);
 }
+
+/// A primary whose synchronous standbys are not streaming still starts and becomes
+/// ready: its standbys reconnect through `-rw` only once it is ready, so the instance
+/// manager's own writes when it prepares the primary (the roles' passwords) must not
+/// wait for them, while the clients' commits still do. Here the manager restarts with a
+/// quorum whose standby never comes; in the fault-injection suite it was a promoted
+/// primary's server killed and restarted in place, and the supervisor hung in that
+/// commit, silent, with the pod not ready.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_primary_prepares_without_waiting_for_its_synchronous_standbys() {
+    let scratch = Scratch::new("quorum");
+    let mut primary = Instance::start(&scratch, "sq-1", "127.0.55.1", None);
+    let keeper = primary.keep_lease();
+    primary.wait_ready(Duration::from_secs(60));
+    drop(keeper);
+    assert!(primary.terminate().success(), "{}", primary.log());
+    drop(primary);
+
+    let primary = Instance::launch(
+        &scratch,
+        "sq-1",
+        "127.0.55.1",
+        "{}",
+        &[
+            "--role",
+            "primary",
+            "--synchronous-standby-names",
+            r#"ANY 1 ("ghost")"#,
+        ],
+    );
+    let _keeper = primary.keep_lease();
+    let status = primary.wait_ready(Duration::from_secs(30));
+    assert_eq!(
+        status["server"]["synchronousStandbyNames"], r#"ANY 1 ("ghost")"#,
+        "{status}"
+    );
+    let mut app = connect("127.0.55.1", "shop", APP_PASSWORD, "shop").await;
+    let committed = tokio::time::timeout(
+        Duration::from_secs(3),
+        sqlx::query("create table orders (id int)").execute(&mut app),
+    )
+    .await;
+    assert!(
+        committed.is_err(),
+        "a client's commit waits for the quorum: {committed:?}"
+    );
+}

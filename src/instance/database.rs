@@ -34,17 +34,33 @@ fn query(what: &'static str) -> impl FnOnce(sqlx::Error) -> DatabaseError {
 /// A small pool of superuser connections over the unix socket. Connections are made
 /// on first use, so the pool outlives server restarts.
 pub fn connect(socket_dir: &Path, port: u16, database: &str) -> PgPool {
-    let options = PgConnectOptions::new()
+    PgPoolOptions::new()
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(connect_options(socket_dir, port, database))
+}
+
+/// How the pool's sessions connect.
+///
+/// They commit with `synchronous_commit = local`: nothing the instance manager writes
+/// (the roles' passwords, Castellan's schema, the application database, the heartbeat)
+/// waits for the synchronous quorum. A primary restarted in place sets its roles again
+/// before it reports itself running, and its standbys can only reconnect once it is
+/// ready (`-rw` routes to ready pods only): a commit that waited for them waited for
+/// ever, and the supervisor with it (no log, no lease enforcement, the pod not ready).
+/// These writes are idempotent and made again from the Secrets whenever a primary is
+/// prepared; they reach the standbys as soon as those stream. Clients' commits still
+/// wait for the quorum. A startup option, so that a `synchronous_commit` among the
+/// cluster's parameters (a lower-priority source) cannot override it.
+fn connect_options(socket_dir: &Path, port: u16, database: &str) -> PgConnectOptions {
+    PgConnectOptions::new()
         .socket(socket_dir)
         .port(port)
         .username("postgres")
         .database(database)
         .application_name("castellan-instance")
-        .disable_statement_logging();
-    PgPoolOptions::new()
-        .max_connections(3)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(options)
+        .options([("synchronous_commit", "local")])
+        .disable_statement_logging()
 }
 
 pub async fn status(pool: &PgPool) -> Result<ServerStatus, DatabaseError> {
@@ -380,4 +396,24 @@ pub async fn pending_restart(pool: &PgPool) -> Result<Vec<String>, DatabaseError
         .fetch_all(pool)
         .await
         .map_err(query("reading settings pending a restart"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_managers_own_commits_never_wait_for_the_synchronous_quorum() {
+        let options = connect_options(Path::new("/run/castellan"), 5432, "postgres");
+        assert_eq!(
+            options.get_options(),
+            Some("-c synchronous_commit=local"),
+            "a restarted primary would wait for standbys that reconnect only once it is ready"
+        );
+        assert_eq!(
+            options.get_socket(),
+            Some(&Path::new("/run/castellan").to_path_buf())
+        );
+        assert_eq!(options.get_username(), "postgres");
+    }
 }
