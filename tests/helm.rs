@@ -370,6 +370,10 @@ async fn a_namespaced_operator_reads_secrets_only_where_it_watches() {
         ("list", "nodes", watched),
         ("get", "storageclasses.storage.k8s.io", watched),
         ("get", "secrets/castellan-ca", home),
+        // A CA rotation rewrites it, and tells how it stands in Events about it.
+        ("update", "secrets/castellan-ca", home),
+        ("patch", "secrets/castellan-ca", home),
+        ("create", "events.events.k8s.io", home),
         ("create", "secrets", home),
         ("get", "leases.coordination.k8s.io/castellan-operator", home),
         (
@@ -402,6 +406,7 @@ async fn a_namespaced_operator_reads_secrets_only_where_it_watches() {
         ("watch", "databaseclusters.castellan.io", other),
         // Its own namespace: its CA and its Lease, nothing else.
         ("get", "secrets/someone-elses", home),
+        ("update", "secrets/someone-elses", home),
         ("list", "secrets", home),
         ("list", "pods", home),
         ("update", "leases.coordination.k8s.io/another-lease", home),

@@ -9,7 +9,8 @@
 //! their client certificate; certificates the operator issues again (here: their
 //! Secrets deleted) are served without a restart, the replica's at its next
 //! connection. An operator told to use a CA Secret that does not exist says so and
-//! stops instead of making one.
+//! stops instead of making one. Castellan's own CA rotates when asked, under a writer
+//! that sees no failed write and through an operator stopped mid-rotation.
 
 mod support;
 
@@ -21,12 +22,14 @@ use support::cluster::{
     LocalVolumes, Operator, apply_cluster, condition, describe, events_with, jsonpath,
     secret_value, try_superuser, wait_for,
 };
-use support::faults::postmaster_pid;
+use support::faults::{Writer, postmaster_pid};
 use support::postgres::pg_bin_dir;
 use support::{TestNamespace, client, eventually, kubectl_ok};
 
 const METRICS_ADDRESS: &str = "127.0.74.1:8080";
 const MISSING_CA_ADDRESS: &str = "127.0.74.2:8080";
+const ROTATION_ADDRESS: &str = "127.0.74.3:8080";
+const ROTATION_ADDRESS_2: &str = "127.0.74.4:8080";
 
 /// Runs `sql` with psql on `conninfo` (a URI or key=value string) with `env` set;
 /// the output, or psql's complaint.
@@ -636,4 +639,276 @@ async fn an_operator_told_to_use_a_missing_ca_says_so_and_makes_none() {
         jsonpath("secret", "not-there", &ns, "{.metadata.name}").is_empty(),
         "it made none"
     );
+}
+
+/// How many certificates a PEM text holds.
+fn certificates_in(pem: &str) -> usize {
+    pem.matches("-----BEGIN CERTIFICATE-----").count()
+}
+
+/// Whether `leaf` (PEM) verifies with `ca` (PEM) alone, as `openssl verify` sees it.
+fn signed_by(leaf: &str, ca: &str, dir: &Path) -> bool {
+    let (leaf_file, ca_file) = (dir.join("leaf.crt"), dir.join("ca.crt"));
+    write_file(&leaf_file, leaf);
+    write_file(&ca_file, ca);
+    Command::new("openssl")
+        .args(["verify", "-partial_chain", "-CAfile"])
+        .arg(&ca_file)
+        .arg(&leaf_file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl verify")
+        .success()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ca_rotates_under_a_writer_and_through_an_operator_restart() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "carot").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create("carot-local", 1);
+    let operator = Operator::start(&ns, ROTATION_ADDRESS);
+    let mut logs = vec![operator.log.clone()];
+    apply_cluster(&ns, "ledger", 2, &volumes.class, "");
+    let ready = |logs: &[PathBuf]| {
+        wait_for(
+            "the cluster is Ready with 2 ready instances",
+            Duration::from_secs(180),
+            || {
+                jsonpath(
+                    "dbc",
+                    "ledger",
+                    &ns,
+                    "{.status.phase}/{.status.readyInstances}",
+                ) == "Ready/2"
+            },
+            || describe(&ns, logs),
+        )
+    };
+    ready(&logs);
+    let writer = Writer::start(&ns, "ledger").await;
+    writer
+        .wait_for_write_after(std::time::Instant::now(), Duration::from_secs(30))
+        .await;
+    let old_ca = secret_value(&ns, "castellan-ca", "tls.crt");
+    let old_leaves: Vec<String> = ["instance-tls", "server-tls", "replication-tls"]
+        .iter()
+        .map(|suffix| secret_value(&ns, &format!("ledger-{suffix}"), "tls.crt"))
+        .collect();
+    let since = std::time::Instant::now();
+
+    // Asked for: first the new CA is trusted everywhere, before it issues anything.
+    kubectl_ok(&[
+        "annotate",
+        "secret",
+        "castellan-ca",
+        "-n",
+        &ns,
+        "castellan.io/rotate-ca=first",
+    ]);
+    eventually(
+        "the new CA is trusted beside the old one",
+        Duration::from_secs(60),
+        || async {
+            let next = secret_value(&ns, "castellan-ca", "next.crt");
+            let bundle = secret_value(&ns, "ledger-instance-tls", "ca.crt");
+            if !next.is_empty() && certificates_in(&bundle) == 2 {
+                Ok(())
+            } else {
+                Err(format!("next.crt: {}, bundle: {bundle}", !next.is_empty()))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        secret_value(&ns, "castellan-ca", "tls.crt"),
+        old_ca,
+        "the old CA issues until every instance trusts the new one"
+    );
+
+    // The operator is replaced mid-rotation, as a rolling update of its Deployment
+    // does it (a standby waits for the Lease the leader gives up on SIGTERM); the next
+    // one carries on from the Secret. (Killed instead, its primary lease would run out
+    // before the standby takes over, and writes pause: that is failover's business.)
+    let standby = Operator::start(&ns, ROTATION_ADDRESS_2);
+    logs.push(standby.log.clone());
+    let stopped = operator.terminate();
+    assert!(stopped.success(), "the leader stops cleanly: {stopped:?}");
+    let operator = standby;
+    let diagnostics = || describe(&ns, &logs);
+    wait_for(
+        "the rotation finished (castellan.io/ca-rotated=first)",
+        Duration::from_secs(240),
+        || {
+            jsonpath(
+                "secret",
+                "castellan-ca",
+                &ns,
+                "{.metadata.annotations.castellan\\.io/ca-rotated}",
+            ) == "first"
+        },
+        diagnostics,
+    );
+    let new_ca = secret_value(&ns, "castellan-ca", "tls.crt");
+    assert_ne!(fingerprint(&new_ca), fingerprint(&old_ca));
+    assert!(secret_value(&ns, "castellan-ca", "next.crt").is_empty());
+    assert_eq!(
+        fingerprint(&secret_value(&ns, "castellan-ca", "ca.crt")),
+        fingerprint(&new_ca),
+        "the old CA is trusted no more"
+    );
+    assert!(
+        jsonpath(
+            "secret",
+            "castellan-ca",
+            &ns,
+            "{.metadata.annotations.castellan\\.io/ca-rotation}"
+        )
+        .is_empty(),
+        "no rotation under way"
+    );
+    let scratch = std::env::temp_dir().join(format!("{ns}-rotation"));
+    std::fs::create_dir_all(&scratch).expect("a scratch directory");
+    for (suffix, old_leaf) in ["instance-tls", "server-tls", "replication-tls"]
+        .iter()
+        .zip(&old_leaves)
+    {
+        let secret = format!("ledger-{suffix}");
+        let leaf = secret_value(&ns, &secret, "tls.crt");
+        assert_ne!(&leaf, old_leaf, "{secret} issued again");
+        assert!(
+            signed_by(&leaf, &new_ca, &scratch),
+            "{secret} by the new CA"
+        );
+        assert!(!signed_by(&leaf, &old_ca, &scratch));
+        // The clusters' passes drop the old CA once the rotation finished.
+        eventually(
+            &format!("{secret} trusts the new CA alone"),
+            Duration::from_secs(30),
+            || async {
+                let bundle = secret_value(&ns, &secret, "ca.crt");
+                if certificates_in(&bundle) == 1 && fingerprint(&bundle) == fingerprint(&new_ca) {
+                    Ok(())
+                } else {
+                    Err(bundle)
+                }
+            },
+        )
+        .await;
+    }
+    for reason in [
+        "CARotationStarted",
+        "CARotationSwitched",
+        "CARotationFinished",
+    ] {
+        assert!(
+            !events_with(&ns, reason, "").is_empty(),
+            "an Event {reason}\n{}",
+            diagnostics()
+        );
+    }
+
+    // PostgreSQL serves the new certificate, which a client verifies with the
+    // application Secret's ca.crt (now the new CA).
+    let rw = jsonpath("svc", "ledger-rw", &ns, "{.spec.clusterIP}");
+    let server_leaf = secret_value(&ns, "ledger-server-tls", "tls.crt");
+    serves(
+        &rw,
+        "the new server certificate",
+        &fingerprint(&server_leaf),
+    )
+    .await;
+    let app_ca = scratch.join("app-ca.crt");
+    eventually(
+        "the application Secret's ca.crt is the new CA",
+        Duration::from_secs(30),
+        || async {
+            let ca = secret_value(&ns, "ledger-app", "ca.crt");
+            if fingerprint(&ca) == fingerprint(&new_ca) {
+                write_file(&app_ca, &ca);
+                Ok(())
+            } else {
+                Err("not yet".to_owned())
+            }
+        },
+    )
+    .await;
+    let app_ca_path = app_ca.display().to_string();
+    let uri = secret_value(&ns, "ledger-app", "uri");
+    assert_eq!(
+        psql(
+            &uri,
+            &[
+                ("PGHOSTADDR", rw.as_str()),
+                ("PGSSLROOTCERT", app_ca_path.as_str())
+            ],
+            "select 1"
+        ),
+        Ok("1".to_owned())
+    );
+
+    // No write failed, and the replica still streams what was written.
+    assert!(
+        !writer.failed_after(since),
+        "a write failed during the rotation\n{}",
+        diagnostics()
+    );
+    let written = writer.acknowledged().len();
+    let ro = jsonpath("svc", "ledger-ro", &ns, "{.spec.clusterIP}");
+    let password = secret_value(&ns, "ledger-app", "password");
+    eventually(
+        "the replica has every row acknowledged before the check",
+        Duration::from_secs(60),
+        || async {
+            let mut replica = support::postgres::connect(&ro, "clerk", &password, "shop").await;
+            let count: i64 = sqlx::query_scalar("select count(*) from ledger")
+                .fetch_one(&mut replica)
+                .await
+                .map_err(|e| e.to_string())?;
+            if usize::try_from(count).unwrap_or(0) >= written {
+                Ok(())
+            } else {
+                Err(format!("{count} of {written}"))
+            }
+        },
+    )
+    .await;
+    drop(writer);
+
+    // The operator still commands its instances, with a certificate of the new CA.
+    kubectl_ok(&[
+        "patch",
+        "dbc",
+        "ledger",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"parameters":{"work_mem":"12MB"}}}"#,
+    ]);
+    for (service, address) in [("ledger-rw", &rw), ("ledger-ro", &ro)] {
+        eventually(
+            &format!("{service} runs with work_mem 12MB"),
+            Duration::from_secs(60),
+            || async {
+                let mut connection =
+                    support::postgres::connect(address, "clerk", &password, "shop").await;
+                let work_mem: String = sqlx::query_scalar("show work_mem")
+                    .fetch_one(&mut connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if work_mem == "12MB" {
+                    Ok(())
+                } else {
+                    Err(work_mem)
+                }
+            },
+        )
+        .await;
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    ready(&logs);
+    drop(operator);
+    drop(volumes);
 }

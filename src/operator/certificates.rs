@@ -149,6 +149,12 @@ pub async fn ensure_trust(
                 secret: user_secret.to_owned(),
             })?;
         tracing::info!(secret = %format!("{namespace}/{user_secret}"), "using the CA the user brings");
+        // Only its CA: a ca.crt beside it (cert-manager writes the issuer's) is not
+        // trusted on that account.
+        let mut found = found;
+        if let Some(data) = found.data.as_mut() {
+            data.retain(|key, _| key == "tls.crt" || key == "tls.key");
+        }
         return read_trust(&found, namespace);
     }
     let reading = format!("reading Secret {namespace}/{CA_SECRET}");
