@@ -499,35 +499,65 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
     let operator = Operator::start(&ns, VERSION_OPERATOR);
     let logs = vec![operator.log.clone()];
     let diagnostics = || describe(&ns, &logs);
-    apply_cluster(&ns, "current", 1, &volumes.class, "");
-    apply_manifest(
+    // The image catalog: made with the built images when there is none.
+    let catalog = |version: &str| {
+        jsonpath(
+            "configmap",
+            "castellan-images",
+            &ns,
+            &format!("{{.data.{version}}}"),
+        )
+    };
+    wait_for(
+        "the operator makes the image catalog",
+        Duration::from_secs(60),
+        || catalog("15") == "ghcr.io/castellan-io/castellan:0.1.0-pg15",
+        diagnostics,
+    );
+    assert_eq!(catalog("18"), "ghcr.io/castellan-io/castellan:0.1.0-pg18");
+    // A user's mistake: 17 mapped to an image that carries 15.
+    kubectl_ok(&[
+        "patch",
+        "configmap",
+        "castellan-images",
+        "-n",
         &ns,
-        "newer",
-        &format!(
-            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: newer}}\nspec:\n  \
-             engine: postgresql\n  version: \"17\"\n  replicas: 1\n  \
+        "--type=merge",
+        "-p",
+        r#"{"data":{"17":"ghcr.io/castellan-io/castellan:0.1.0-pg15"}}"#,
+    ]);
+    apply_cluster(&ns, "current", 1, &volumes.class, "");
+    let cluster_of = |name: &str, version: &str| {
+        format!(
+            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: {name}}}\nspec:\n  \
+             engine: postgresql\n  version: \"{version}\"\n  replicas: 1\n  \
              storage: {{size: 1Gi, storageClassName: {}}}\n",
             volumes.class
-        ),
-    );
-    let primary_condition = |cluster: &str| {
+        )
+    };
+    apply_manifest(&ns, "newer", &cluster_of("newer", "17"));
+    apply_manifest(&ns, "unlisted", &cluster_of("unlisted", "16"));
+    let condition_of = |cluster: &str, type_: &str, field: &str| {
         jsonpath(
             "dbc",
             cluster,
             &ns,
-            "{.status.conditions[?(@.type==\"PrimaryAvailable\")].message}",
+            &format!("{{.status.conditions[?(@.type==\"{type_}\")].{field}}}"),
         )
     };
     wait_for(
-        "the cluster of 15 is Ready and the one of 17 says why it runs nothing",
+        "the cluster of 15 is Ready, the one of 17 says why it runs nothing, and the one of 16 \
+         that the catalog has no image for it",
         Duration::from_secs(180),
         || {
             phase_and_ready(&ns, "current") == "Ready/1"
-                && primary_condition("newer").contains("carries PostgreSQL 15")
+                && condition_of("newer", "PrimaryAvailable", "message")
+                    .contains("carries PostgreSQL 15")
+                && condition_of("unlisted", "VersionAvailable", "reason") == "NotInCatalog"
         },
         diagnostics,
     );
-    let refusal = primary_condition("newer");
+    let refusal = condition_of("newer", "PrimaryAvailable", "message");
     assert!(refusal.contains("asks for version 17"), "{refusal}");
     assert_eq!(jsonpath("dbc", "current", &ns, "{.status.version}"), "15");
     assert_eq!(
@@ -541,6 +571,51 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
             .exists(),
         "nothing was initialised with the wrong binaries"
     );
+    // The one without an image: no pod, a condition and a Warning that name the
+    // catalog and what it has.
+    let unlisted = condition_of("unlisted", "VersionAvailable", "message");
+    assert!(
+        unlisted.contains("no image for PostgreSQL 16"),
+        "{unlisted}"
+    );
+    assert!(unlisted.contains("it has 15, 17, 18"), "{unlisted}");
+    assert!(
+        events_with(&ns, "VersionUnavailable", "PostgreSQL 16").contains("PostgreSQL 16"),
+        "a Warning says so\n{}",
+        diagnostics()
+    );
+    assert!(
+        jsonpath("pod", "unlisted-1", &ns, "{.metadata.name}").is_empty(),
+        "no pod runs another version than the one asked for"
+    );
+    assert_eq!(
+        condition_of("current", "VersionAvailable", "status"),
+        "True"
+    );
+    assert_eq!(
+        jsonpath("pod", "current-1", &ns, "{.spec.containers[0].image}"),
+        "ghcr.io/castellan-io/castellan:0.1.0-pg15"
+    );
+
+    // A raised major is not run on the old data: the instances stay on 15 and say why.
+    kubectl_ok(&[
+        "patch",
+        "dbc",
+        "current",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"version":"18"}}"#,
+    ]);
+    wait_for(
+        "the raised version is refused for now",
+        Duration::from_secs(60),
+        || condition_of("current", "VersionAvailable", "reason") == "MajorUpgradeNotSupported",
+        diagnostics,
+    );
+    assert_eq!(phase_and_ready(&ns, "current"), "Ready/1");
+    assert_eq!(jsonpath("dbc", "current", &ns, "{.status.version}"), "15");
     drop(operator);
     drop(volumes);
 }

@@ -374,6 +374,9 @@ async fn a_namespaced_operator_reads_secrets_only_where_it_watches() {
         ("update", "secrets/castellan-ca", home),
         ("patch", "secrets/castellan-ca", home),
         ("create", "events.events.k8s.io", home),
+        // The image catalog: made when missing, read and watched by name.
+        ("watch", "configmaps/castellan-images", home),
+        ("create", "configmaps", home),
         ("create", "secrets", home),
         ("get", "leases.coordination.k8s.io/castellan-operator", home),
         (
@@ -407,6 +410,8 @@ async fn a_namespaced_operator_reads_secrets_only_where_it_watches() {
         // Its own namespace: its CA and its Lease, nothing else.
         ("get", "secrets/someone-elses", home),
         ("update", "secrets/someone-elses", home),
+        ("get", "configmaps/someone-elses", home),
+        ("update", "configmaps/castellan-images", home),
         ("list", "secrets", home),
         ("list", "pods", home),
         ("update", "leases.coordination.k8s.io/another-lease", home),

@@ -40,8 +40,8 @@ render() { # target description templates...
 }
 
 render deploy/operator/operator.yaml \
-  "Castellan's operator: namespace, service account, RBAC, Deployment (CRDs: crds/ first)." \
-  namespace.yaml operator-rbac.yaml operator.yaml
+  "Castellan's operator: namespace, service account, RBAC, image catalog, Deployment (CRDs: crds/ first)." \
+  namespace.yaml operator-rbac.yaml image-catalog.yaml operator.yaml
 render deploy/operator/policies.yaml \
   "Admission policies that hold the operator to what is its own (docs/security.md)." \
   operator-policies.yaml

@@ -52,14 +52,20 @@ pub const SERVER_TLS: &str = "server-tls";
 /// (`<cluster>-replication-tls`).
 pub const REPLICATION_TLS: &str = "replication-tls";
 
+/// What an instance pod runs: the image (from the image catalog) and the PostgreSQL
+/// major it carries, which the instance manager checks its binaries against.
+#[derive(Clone, Copy, Debug)]
+pub struct Runs<'a> {
+    pub image: &'a str,
+    pub version: &'a str,
+}
+
 /// What the operator knows that the spec does not say.
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// uid and gid the database processes run as (PostgreSQL refuses root).
     pub postgres_uid: i64,
     pub postgres_gid: i64,
-    /// Tag of the instance image.
-    pub image_tag: String,
     /// `OTEL_*` variables passed on to the instance managers, so that their spans
     /// reach the same collector as the operator's.
     pub telemetry_env: Vec<(String, String)>,
@@ -434,6 +440,7 @@ pub fn scratch(
     cluster: &DatabaseCluster,
     backup: &str,
     scratch: &str,
+    runs: Runs<'_>,
     settings: &Settings,
 ) -> (PersistentVolumeClaim, Pod) {
     let scratch = scratch.to_owned();
@@ -445,7 +452,7 @@ pub fn scratch(
     let mut claim = volume_claim(cluster, 0);
     claim.metadata.name = Some(scratch.clone());
     claim.metadata.labels = Some(labels.clone());
-    let mut pod = pod(cluster, 0, StartRole::Primary, "", false, settings);
+    let mut pod = pod(cluster, 0, StartRole::Primary, "", false, runs, settings);
     pod.metadata.name = Some(scratch.clone());
     pod.metadata.labels = Some(labels);
     pod.metadata.annotations = Some(annotations);
@@ -570,6 +577,7 @@ pub fn pod(
     role: StartRole,
     upstream_host: &str,
     allow_initdb: bool,
+    runs: Runs<'_>,
     settings: &Settings,
 ) -> Pod {
     let instance = instance_name(cluster, n);
@@ -600,7 +608,7 @@ pub fn pod(
     };
     let container = Container {
         name: "postgres".to_owned(),
-        image: Some(format!("{IMAGE}:{}", settings.image_tag)),
+        image: Some(runs.image.to_owned()),
         args: Some(vec!["instance".to_owned()]),
         env: Some(
             vec![
@@ -676,7 +684,7 @@ pub fn pod(
                 ),
                 env("CASTELLAN_SUPERUSER_ACCESS", access.superuser.to_string()),
                 // The instance refuses binaries of another major.
-                env("CASTELLAN_POSTGRES_VERSION", cluster.spec.version.clone()),
+                env("CASTELLAN_POSTGRES_VERSION", runs.version.to_owned()),
                 // A list of strings always serialises.
                 env(
                     "CASTELLAN_PG_HBA",
@@ -857,7 +865,7 @@ mod tests {
         );
         let name = scratch_name(&cluster, "nightly-1-0a1b2c3d");
         assert_eq!(name, "orders-verify-0a1b2c3d");
-        let (claim, pod) = scratch(&cluster, "nightly-1", &name, &settings());
+        let (claim, pod) = scratch(&cluster, "nightly-1", &name, RUNS, &settings());
         assert_eq!(
             claim.metadata.name.as_deref(),
             Some("orders-verify-0a1b2c3d")
@@ -918,15 +926,20 @@ mod tests {
             StartRole::Primary,
             "10.0.0.1",
             true,
+            RUNS,
             &settings(),
         )
     }
+
+    const RUNS: Runs<'static> = Runs {
+        image: "ghcr.io/castellan-io/castellan:0.1.0-pg15",
+        version: "15",
+    };
 
     fn settings() -> Settings {
         Settings {
             postgres_uid: 101,
             postgres_gid: 104,
-            image_tag: "0.1.0".to_owned(),
             telemetry_env: vec![(
                 "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
                 "http://collector:4318".to_owned(),
@@ -1052,6 +1065,7 @@ mod tests {
             StartRole::Primary,
             "127.96.0.9",
             true,
+            RUNS,
             &settings(),
         );
         let owner = &pod.metadata.owner_references.expect("owned")[0];
@@ -1117,8 +1131,8 @@ mod tests {
         owned.extend(disruption_budgets(&cluster).into_iter().map(|o| o.metadata));
         owned.push(network_policy(&cluster).metadata);
         owned.push(volume_claim(&cluster, 1).metadata);
-        owned.push(pod(&cluster, 1, StartRole::Primary, "", true, &settings()).metadata);
-        let (claim, scratch_pod) = scratch(&cluster, "first", "orders-verify-1", &settings());
+        owned.push(pod(&cluster, 1, StartRole::Primary, "", true, RUNS, &settings()).metadata);
+        let (claim, scratch_pod) = scratch(&cluster, "first", "orders-verify-1", RUNS, &settings());
         owned.extend([claim.metadata, scratch_pod.metadata]);
         for meta in owned {
             assert_eq!(
@@ -1161,6 +1175,7 @@ mod tests {
             StartRole::Replica,
             "127.96.0.9",
             false,
+            RUNS,
             &settings(),
         );
         assert_eq!(pod.metadata.name.as_deref(), Some("orders-2"));
@@ -1171,7 +1186,7 @@ mod tests {
         let container = &spec.containers[0];
         assert_eq!(
             container.image.as_deref(),
-            Some("ghcr.io/castellan-io/castellan:0.1.0")
+            Some("ghcr.io/castellan-io/castellan:0.1.0-pg15")
         );
         assert_eq!(
             container.args.as_deref(),
@@ -1265,6 +1280,7 @@ mod tests {
             StartRole::Primary,
             "127.96.0.9",
             true,
+            RUNS,
             &settings(),
         );
         let spec = pod.spec.expect("spec");

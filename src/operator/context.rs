@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use castellan_actors::RestartPolicy;
 use castellan_crds::DatabaseCluster;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
 use kube::runtime::events::{self, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
@@ -31,6 +31,9 @@ pub struct Shared {
     /// Every Node, kept current by a watch (`operator::run`): a pass reads its pods'
     /// nodes from here instead of asking the API server each time.
     pub nodes: Store<Node>,
+    /// The image catalog's ConfigMap, kept current by a watch, and its
+    /// `namespace/name`.
+    images: (Store<ConfigMap>, String),
 }
 
 impl Shared {
@@ -41,6 +44,7 @@ impl Shared {
         identity: &str,
         trust: crate::pki::Trust,
         nodes: Store<Node>,
+        images: (Store<ConfigMap>, String),
     ) -> Self {
         let reporter = Reporter {
             controller: "castellan-operator".into(),
@@ -54,7 +58,13 @@ impl Shared {
             runtime: tokio::runtime::Handle::current(),
             trust: std::sync::RwLock::new(Arc::new(trust)),
             nodes,
+            images,
         }
+    }
+
+    /// The image catalog as the watch has it now.
+    pub fn catalog(&self) -> super::catalog::Catalog {
+        super::catalog::Catalog::read(&self.images.0, &self.images.1)
     }
 
     /// The CAs as they stand now.

@@ -16,6 +16,7 @@
 
 mod backup;
 pub mod build;
+mod catalog;
 mod certificates;
 mod cluster;
 mod context;
@@ -37,7 +38,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use castellan_crds::DatabaseCluster;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, store::Writer};
@@ -56,7 +57,7 @@ pub struct OperatorArgs {
     /// gid the database processes run as.
     #[arg(long, env = "CASTELLAN_POSTGRES_GID", default_value_t = 26)]
     pub postgres_gid: i64,
-    /// Tag of the instance image.
+    /// Tag of the images a new image catalog names (`<image>:<tag>-pg<major>`).
     #[arg(long, env = "CASTELLAN_IMAGE_TAG", default_value = env!("CARGO_PKG_VERSION"))]
     pub image_tag: String,
     /// The operator's own namespace: its leader Lease and the CA Secret `castellan-ca`.
@@ -68,6 +69,11 @@ pub struct OperatorArgs {
     /// reads it and never writes it.
     #[arg(long, env = "CASTELLAN_CA_SECRET")]
     pub ca_secret: Option<String>,
+    /// The image catalog: a ConfigMap in the operator's namespace whose keys are
+    /// PostgreSQL major versions and values the instance images that run them. Made
+    /// with the images `make images` builds when there is none.
+    #[arg(long, env = "CASTELLAN_IMAGE_CATALOG", default_value = catalog::CATALOG)]
+    pub image_catalog: String,
     /// This replica's name in the leader Lease; the pod name in a cluster.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
@@ -124,19 +130,49 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     // A pass reads its pods' nodes (drains, lost nodes) from this store of every Node,
     // kept by one watch that runs with the controller (below).
     let (nodes, nodes_writer) = reflector::store();
+    // The image catalog, made with the defaults if there is none, and kept by a watch
+    // of that one ConfigMap.
+    catalog::ensure(
+        &client,
+        &args.namespace,
+        &args.image_catalog,
+        &args.image_tag,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "making the image catalog {}/{}",
+            args.namespace, args.image_catalog
+        )
+    })?;
+    let (images, images_writer) = reflector::store();
+    tokio::spawn(
+        watcher(
+            Api::<ConfigMap>::namespaced(client.clone(), &args.namespace),
+            watcher::Config::default().fields(&format!("metadata.name={}", args.image_catalog)),
+        )
+        .default_backoff()
+        .reflect(images_writer)
+        .for_each(|event| async move {
+            if let Err(error) = event {
+                tracing::warn!(%error, "watching the image catalog failed; retrying");
+            }
+        }),
+    );
+    let catalog_source = format!("{}/{}", args.namespace, args.image_catalog);
     let shared = Arc::new(context::Shared::new(
         client.clone(),
         metrics,
         build::Settings {
             postgres_uid: args.postgres_uid,
             postgres_gid: args.postgres_gid,
-            image_tag: args.image_tag.clone(),
             telemetry_env: build::telemetry_env_from(std::env::vars()),
             otlp_headers_secret: args.otlp_headers_secret.clone(),
         },
         &identity,
         trust,
         nodes,
+        (images, catalog_source),
     ));
     let system = castellan_actors::ActorSystem::start("castellan-actors")
         .context("starting the actor system")?;

@@ -22,6 +22,7 @@ use serde_json::json;
 use super::{machine, write_status};
 use crate::instance_api::{RestoreRequest, StatusReport, VerificationReport};
 use crate::operator::build;
+use crate::operator::catalog;
 use crate::operator::cluster::Note;
 use crate::operator::context::Shared;
 use crate::operator::instance_client;
@@ -162,7 +163,22 @@ pub async fn verify(shared: &Shared, backup: &Backup, cluster: Option<&DatabaseC
             {
                 return Action::requeue(machine::POLL);
             }
-            let (claim, pod) = build::scratch(cluster, &backup.name_any(), &name, &shared.settings);
+            // The backup holds data of the version the cluster runs.
+            let (version, image) = catalog::for_cluster(&shared.catalog(), cluster);
+            let image = match image {
+                Ok(image) => image,
+                Err(why) => {
+                    // The cluster's VersionAvailable says so too.
+                    tracing::warn!(backup = %backup.name_any(), %why, "cannot verify the backup yet");
+                    return Action::requeue(machine::POLL);
+                }
+            };
+            let runs = build::Runs {
+                image: &image,
+                version: &version,
+            };
+            let (claim, pod) =
+                build::scratch(cluster, &backup.name_any(), &name, runs, &shared.settings);
             for outcome in [
                 claims
                     .create(&PostParams::default(), &claim)

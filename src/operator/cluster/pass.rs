@@ -25,6 +25,7 @@ use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::volumes;
 use crate::operator::build::{self, CLUSTER_LABEL, ROLE_LABEL};
+use crate::operator::catalog;
 use crate::operator::certificates::{self, ClusterCertificate};
 use crate::operator::context::Shared;
 use crate::operator::endpoints::Metrics;
@@ -319,7 +320,14 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         .into_iter()
         .filter_map(|pod| Some((plan::instance_number(cluster, &pod)?, pod)))
         .collect();
+    // What new pods run: the image of the version the data is in.
+    let catalog = context.catalog();
+    let (version, image) = catalog::for_cluster(&catalog, cluster);
+    let version_condition =
+        catalog::assessment(&cluster.spec.version, &version, &image, &catalog.source);
     let observed = Observed {
+        runs: image.ok().map(|image| plan::Runs { image, version }),
+        version_condition,
         missing_storage_classes: missing_storage_classes(client, &applied_claims).await,
         nodes: nodes_of(&context.nodes, existing.values()),
         pods: existing,
@@ -328,7 +336,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let plan = plan::plan(order, &observed);
-    enact(&plan, cluster, &upstream, context).await?;
+    enact(&plan, observed.runs.as_ref(), cluster, &upstream, context).await?;
     let restore = if super::restoring::awaiting_restore(cluster) {
         crate::operator::restore::request(client, cluster).await
     } else {
@@ -359,6 +367,7 @@ fn nodes_of<'a>(
 /// `upstream` is the -rw Service's address, which new replicas follow.
 async fn enact(
     plan: &Plan,
+    runs: Option<&plan::Runs>,
     cluster: &DatabaseCluster,
     upstream: &str,
     context: &Shared,
@@ -376,6 +385,8 @@ async fn enact(
     }
 
     for creation in &plan.create {
+        // The plan creates nothing without an image.
+        let Some(runs) = runs else { break };
         let role = creation.role;
         let pod = build::pod(
             cluster,
@@ -383,6 +394,7 @@ async fn enact(
             role,
             upstream,
             creation.allow_initdb,
+            runs.build(),
             &context.settings,
         );
         let pod_name = pod.name_any();
@@ -431,9 +443,10 @@ async fn enact(
     // A Warning Event when a condition that needs the user turns False (or changes its
     // reason while False), once.
     type Warning = fn(Option<&Condition>, &Condition) -> Option<Note>;
-    let warnings: [(&str, Warning); 2] = [
+    let warnings: [(&str, Warning); 3] = [
         (volumes::CONDITION, volumes::warning),
         (SERVER_CERTIFICATE, plan::certificate_warning),
+        (catalog::CONDITION, plan::version_warning),
     ];
     for (type_, warning) in warnings {
         let Some(current) = condition_of(&plan.status, type_) else {

@@ -23,6 +23,7 @@ use super::state::{Assessment, ConvergeOrder, Converged, Member, Note, desired_c
 use super::volumes;
 use crate::instance_api::RunningRole;
 use crate::operator::build::{self, ROLE_LABEL, StartRole};
+use crate::operator::catalog;
 use crate::operator::instance_client;
 use crate::operator::replica::InstanceView;
 
@@ -32,6 +33,30 @@ pub const SERVER_CERTIFICATE: &str = "ServerCertificate";
 
 /// The Warning Event for the user's server certificate, once it is refused: when the
 /// condition turns False, or its reason (told in the message) changes while False.
+/// The image and PostgreSQL major new pods of a cluster run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Runs {
+    pub image: String,
+    pub version: String,
+}
+
+impl Runs {
+    pub fn build(&self) -> build::Runs<'_> {
+        build::Runs {
+            image: &self.image,
+            version: &self.version,
+        }
+    }
+}
+
+/// The Warning when `VersionAvailable` turns False, or says something new while False.
+pub fn version_warning(previous: Option<&Condition>, current: &Condition) -> Option<Note> {
+    let already = previous
+        .is_some_and(|previous| previous.status == "False" && previous.message == current.message);
+    (current.status == "False" && !already)
+        .then(|| Note::warning("VersionUnavailable", current.message.clone()))
+}
+
 pub fn certificate_warning(previous: Option<&Condition>, current: &Condition) -> Option<Note> {
     let already = previous
         .is_some_and(|previous| previous.status == "False" && previous.message == current.message);
@@ -52,6 +77,11 @@ pub struct Observed {
     pub nodes: BTreeMap<String, NodeHealth>,
     /// With `spec.tls.serverCertificate`: whether the user's certificate is served.
     pub server_certificate: Option<Assessment>,
+    /// What new pods run, from the image catalog (`catalog::choose`): `None` when the
+    /// data's version has no image, and nothing is created.
+    pub runs: Option<Runs>,
+    /// `VersionAvailable`: whether the version has an image, and the spec asks for it.
+    pub version_condition: Assessment,
     /// When the pass runs: the transition time of a condition whose status changes.
     pub now: Time,
 }
@@ -122,7 +152,13 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
     let cluster = order.cluster.as_ref();
     let primary = primary_number(order);
     let initialized = initialized(order);
-    let create = creations(order, observed, primary, initialized);
+    // Without an image for the data's version, nothing is created; VersionAvailable
+    // says why.
+    let create = if observed.runs.is_some() {
+        creations(order, observed, primary, initialized)
+    } else {
+        Vec::new()
+    };
     let remove = removals(order, observed, primary);
     let instances = instances(order, observed);
     let ready = i32::try_from(instances.iter().filter(|i| i.ready).count()).unwrap_or(i32::MAX);
@@ -214,6 +250,12 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             .clone()
             .map(|a| condition(cluster, SERVER_CERTIFICATE, a, now)),
     )
+    .chain(std::iter::once(condition(
+        cluster,
+        catalog::CONDITION,
+        observed.version_condition.clone(),
+        now,
+    )))
     .collect();
     let status = DatabaseClusterStatus {
         observed_generation: cluster.metadata.generation,
@@ -616,6 +658,11 @@ mod tests {
             missing_storage_classes: BTreeSet::new(),
             nodes: BTreeMap::new(),
             server_certificate: None,
+            runs: Some(Runs {
+                image: "ghcr.io/castellan-io/castellan:0.1.0-pg15".to_owned(),
+                version: "15".to_owned(),
+            }),
+            version_condition: Assessment::new(true, "InCatalog", "PostgreSQL 15 runs it"),
             now: now(),
         }
     }
