@@ -322,13 +322,18 @@ pub async fn ensure_certificate(
                 return Ok(None);
             }
             tracing::info!(secret = %name, cas = trust.bundle().len(), "updated the CAs a Secret trusts");
-            return Ok(Some(Note::normal(
-                "UpdatedTrust",
-                format!(
-                    "Secret {name} now trusts {} CA(s): a CA rotation is under way or done",
-                    trust.bundle().len()
-                ),
-            )));
+            // About the Secret: one Event per Secret, not a series keeping the first's
+            // message.
+            return Ok(Some(
+                Note::normal(
+                    "UpdatedTrust",
+                    format!(
+                        "Secret {name} now trusts {} CA(s): a CA rotation is under way or done",
+                        trust.bundle().len()
+                    ),
+                )
+                .about_object("v1", "Secret", &name),
+            ));
         }
     };
     let issued = which
@@ -345,13 +350,16 @@ pub async fn ensure_certificate(
         return Ok(None);
     }
     tracing::info!(secret = %name, %reason, %expires, "issued {}", which.describe());
-    Ok(Some(Note::normal(
-        "IssuedCertificate",
-        format!(
-            "issued {} for {expected} into Secret {name}, valid until {expires} ({reason})",
-            which.describe()
-        ),
-    )))
+    Ok(Some(
+        Note::normal(
+            "IssuedCertificate",
+            format!(
+                "issued {} for {expected} into Secret {name}, valid until {expires} ({reason})",
+                which.describe()
+            ),
+        )
+        .about_object("v1", "Secret", &name),
+    ))
 }
 
 /// The fingerprint of the certificate of kind `which` in the cluster's Secret, once it

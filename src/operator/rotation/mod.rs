@@ -98,7 +98,13 @@ async fn tick(
                 let progress = format!("{}: waiting for {why}", describe(phase));
                 tracing::info!(%progress, "CA rotation waits");
                 annotate(&secrets, &progress).await?;
-                record(shared, &secret, Note::normal("CARotationWaiting", progress)).await;
+                // A reason per step: Events of one reason form a series that keeps its
+                // first message (the annotation always has the current one).
+                let reason = match phase {
+                    Phase::Trusting => "CARotationWaitingForTrust",
+                    _ => "CARotationWaitingForCertificates",
+                };
+                record(shared, &secret, Note::normal(reason, progress)).await;
                 *told = Some(why);
             }
             return Ok(());
