@@ -433,6 +433,13 @@ pub async fn primary_timeline(
     Ok(u32::from_str_radix(output.trim(), 16).ok())
 }
 
+/// Whether a data directory in `state` (`pg_controldata`'s "Database cluster state")
+/// was not shut down cleanly, so that crash recovery must run before pg_rewind reads
+/// it: pg_rewind's own rule.
+fn needs_crash_recovery(state: &str) -> bool {
+    !matches!(state, "shut down" | "shut down in recovery")
+}
+
 /// Rewinds a former primary onto the new primary's timeline so it can follow it.
 pub async fn rewind(
     binaries: &Binaries,
@@ -441,6 +448,21 @@ pub async fn rewind(
     passfile: &Path,
 ) -> Result<String, BootstrapError> {
     let data = data_dir.to_string_lossy();
+    // A former primary that crashed must finish crash recovery first. pg_rewind would
+    // run it itself, with the `postgres` beside pg_rewind: where the tools and the
+    // server are different builds (the dev nodes' 18: the tools have no OpenSSL and
+    // refuse `ssl = on`), that server cannot start the data directory. So it runs here,
+    // the same way (single-user, fsync off), with the server the instance runs.
+    let state = control_value(binaries, data_dir, "Database cluster state:").await?;
+    if state.as_deref().is_some_and(needs_crash_recovery) {
+        binaries
+            .run(
+                "postgres",
+                &["--single", "-F", "-D", &data, "template1"],
+                &[],
+            )
+            .await?;
+    }
     // As the replication role, which may read what pg_rewind reads (the grants of
     // migrations/0002_rewind.sql), not as the superuser.
     let source = upstream.conninfo(passfile, Some("postgres"));
@@ -462,6 +484,15 @@ pub async fn rewind(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_cleanly_stopped_directory_skips_crash_recovery_before_a_rewind() {
+        assert!(!needs_crash_recovery("shut down"));
+        assert!(!needs_crash_recovery("shut down in recovery"));
+        for state in ["in production", "in crash recovery", "in archive recovery"] {
+            assert!(needs_crash_recovery(state), "{state}");
+        }
+    }
 
     #[test]
     fn complaints_lose_the_log_prefix_and_keep_the_hint() {
