@@ -495,7 +495,7 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
     let client = client().await;
     let namespace = TestNamespace::create(&client, "versions").await;
     let ns = namespace.name.clone();
-    let volumes = LocalVolumes::create("versions-local", 1);
+    let volumes = LocalVolumes::create("versions-local", 2);
     let operator = Operator::start(&ns, VERSION_OPERATOR);
     let logs = vec![operator.log.clone()];
     let diagnostics = || describe(&ns, &logs);
@@ -596,6 +596,45 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
         jsonpath("pod", "current-1", &ns, "{.spec.containers[0].image}"),
         "ghcr.io/castellan-io/castellan:0.1.0-pg15"
     );
+
+    // A version the catalog and the nodes have: 18 runs 18, its replica too (streaming
+    // over TLS, with the 18 tools).
+    apply_manifest(
+        &ns,
+        "eighteen",
+        &format!(
+            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: eighteen}}\nspec:\n  \
+             engine: postgresql\n  version: \"18\"\n  replicas: 2\n  \
+             storage: {{size: 1Gi, storageClassName: {}}}\n  \
+             bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n",
+            volumes.class
+        ),
+    );
+    wait_for(
+        "the cluster of 18 is Ready with 2 instances",
+        Duration::from_secs(180),
+        || phase_and_ready(&ns, "eighteen") == "Ready/2",
+        diagnostics,
+    );
+    assert_eq!(jsonpath("dbc", "eighteen", &ns, "{.status.version}"), "18");
+    assert_eq!(
+        condition_of("eighteen", "VersionAvailable", "status"),
+        "True"
+    );
+    let addresses = instance_addresses(&ns, "eighteen");
+    assert_eq!(addresses.len(), 2, "{addresses:?}");
+    for (pod, ip) in addresses {
+        assert_eq!(
+            jsonpath("pod", &pod, &ns, "{.spec.containers[0].image}"),
+            "ghcr.io/castellan-io/castellan:0.1.0-pg18"
+        );
+        let mut connection = connect_app(&ns, "eighteen", &ip).await;
+        let version: String = sqlx::query_scalar("show server_version_num")
+            .fetch_one(&mut connection)
+            .await
+            .expect("server_version_num");
+        assert!(version.starts_with("18"), "{pod} runs {version}");
+    }
 
     // A raised major is not run on the old data: the instances stay on 15 and say why.
     kubectl_ok(&[

@@ -96,6 +96,17 @@ fn served_fingerprint(address: &str) -> String {
     fingerprint(&served)
 }
 
+/// Runs `sql` with the application Secret's `uri` as it is, dialling `address` (the
+/// local cluster resolves no Service names) and verifying the server with the CA in
+/// `ca_file`.
+fn psql_as_app(uri: &str, address: &str, ca_file: &str, sql: &str) -> Result<String, String> {
+    psql(
+        uri,
+        &[("PGHOSTADDR", address), ("PGSSLROOTCERT", ca_file)],
+        sql,
+    )
+}
+
 /// Waits until a connection with `conninfo` is refused with `reason` (`what` is
 /// refused, for the failure message).
 async fn refused_with(what: &str, conninfo: &str, reason: &str) {
@@ -254,14 +265,11 @@ async fn postgres_serves_tls_from_the_users_ca_and_admits_only_whom_the_spec_nam
     // server's certificate (PGHOSTADDR only dials the Service's address, since the
     // local cluster resolves no Service names).
     let rw = jsonpath("svc", "vault-rw", &ns, "{.spec.clusterIP}");
-    let client_env = [
-        ("PGHOSTADDR", rw.as_str()),
-        ("PGSSLROOTCERT", ca_path.as_str()),
-    ];
     assert_eq!(
-        psql(
+        psql_as_app(
             &uri,
-            &client_env,
+            &rw,
+            &ca_path,
             "select ssl from pg_stat_ssl where pid = pg_backend_pid()"
         ),
         Ok("t".to_owned()),
@@ -419,7 +427,7 @@ async fn postgres_serves_tls_from_the_users_ca_and_admits_only_whom_the_spec_nam
         "served after a reload, not a restart"
     );
     assert_eq!(
-        psql(&uri, &client_env, "select 1"),
+        psql_as_app(&uri, &rw, &ca_path, "select 1"),
         Ok("1".to_owned()),
         "the URI still verifies"
     );
@@ -538,14 +546,7 @@ async fn postgres_serves_tls_from_the_users_ca_and_admits_only_whom_the_spec_nam
     write_file(&web_ca_file, &web_ca_pem);
     let web_ca_path = web_ca_file.display().to_string();
     assert_eq!(
-        psql(
-            &uri,
-            &[
-                ("PGHOSTADDR", rw.as_str()),
-                ("PGSSLROOTCERT", web_ca_path.as_str())
-            ],
-            "select 1"
-        ),
+        psql_as_app(&uri, &rw, &web_ca_path, "select 1"),
         Ok("1".to_owned()),
         "the URI verifies the user's certificate with the Secret's CA"
     );
@@ -837,14 +838,7 @@ async fn the_ca_rotates_under_a_writer_and_through_an_operator_restart() {
     let app_ca_path = app_ca.display().to_string();
     let uri = secret_value(&ns, "ledger-app", "uri");
     assert_eq!(
-        psql(
-            &uri,
-            &[
-                ("PGHOSTADDR", rw.as_str()),
-                ("PGSSLROOTCERT", app_ca_path.as_str())
-            ],
-            "select 1"
-        ),
+        psql_as_app(&uri, &rw, &app_ca_path, "select 1"),
         Ok("1".to_owned())
     );
 
