@@ -60,6 +60,7 @@ s3: deps
 # A download, not a build: it runs beside the builds.
 postgres: deps
 	@deploy/local/postgres.sh 18.4 >/dev/null
+	@deploy/local/postgres.sh 18.3 >/dev/null
 
 # helm (pinned in deploy/helm/go.mod), which lints and renders the chart in the tests
 # and for `make manifests`; Debian 12 packages none.

@@ -15,12 +15,13 @@ use support::cluster::{
     LocalVolumes, Operator, apply_cluster, apply_manifest, connect_app, describe, events,
     events_with, instance_addresses, jsonpath, phase_and_ready, wait_for, wait_orders,
 };
-use support::faults::volume_path;
+use support::faults::{Writer, volume_path};
 use support::{TestNamespace, client, kubectl, kubectl_ok};
 
 const SCALE_OPERATORS: [&str; 2] = ["127.0.61.1:8080", "127.0.61.2:8080"];
 const FAULT_OPERATOR: &str = "127.0.62.1:8080";
 const VERSION_OPERATOR: &str = "127.0.75.1:8080";
+const MINOR_OPERATOR: &str = "127.0.75.2:8080";
 
 fn roles(namespace: &str, name: &str) -> Vec<String> {
     kubectl_ok(&[
@@ -655,6 +656,149 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
     );
     assert_eq!(phase_and_ready(&ns, "current"), "Ready/1");
     assert_eq!(jsonpath("dbc", "current", &ns, "{.status.version}"), "15");
+    drop(operator);
+    drop(volumes);
+}
+
+/// `show server_version` on every instance of `cluster`, by pod.
+async fn server_versions(namespace: &str, cluster: &str) -> Vec<(String, String)> {
+    let mut versions = Vec::new();
+    for (pod, ip) in instance_addresses(namespace, cluster) {
+        let mut connection = connect_app(namespace, cluster, &ip).await;
+        let version: String = sqlx::query_scalar("show server_version")
+            .fetch_one(&mut connection)
+            .await
+            .expect("server_version");
+        versions.push((pod, version));
+    }
+    versions
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_minor_update_rolls_through_the_instances_with_one_short_pause() {
+    let client = client().await;
+    let namespace = TestNamespace::create(&client, "minor").await;
+    let ns = namespace.name.clone();
+    let volumes = LocalVolumes::create("minor-local", 1);
+    let operator = Operator::start(&ns, MINOR_OPERATOR);
+    let logs = vec![operator.log.clone()];
+    let diagnostics = || describe(&ns, &logs);
+    wait_for(
+        "the operator makes the image catalog",
+        Duration::from_secs(60),
+        || !jsonpath("configmap", "castellan-images", &ns, "{.data.18}").is_empty(),
+        diagnostics,
+    );
+    let set_18 = |image: &str| {
+        kubectl_ok(&[
+            "patch",
+            "configmap",
+            "castellan-images",
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"data":{{"18":"{image}"}}}}"#),
+        ]);
+    };
+    set_18("ghcr.io/castellan-io/castellan:0.1.0-pg18.3");
+    apply_manifest(
+        &ns,
+        "roll",
+        &format!(
+            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: roll}}\nspec:\n  \
+             engine: postgresql\n  version: \"18\"\n  replicas: 3\n  \
+             storage: {{size: 1Gi, storageClassName: {}}}\n  \
+             bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n",
+            volumes.class
+        ),
+    );
+    wait_for(
+        "the cluster is Ready with 3 instances of 18.3",
+        Duration::from_secs(180),
+        || phase_and_ready(&ns, "roll") == "Ready/3",
+        diagnostics,
+    );
+    for (pod, version) in server_versions(&ns, "roll").await {
+        assert_eq!(version, "18.3", "{pod}");
+    }
+    let writer = Writer::start(&ns, "roll").await;
+    writer
+        .wait_for_write_after(Instant::now(), Duration::from_secs(30))
+        .await;
+
+    // The catalog's 18 moves to the next minor: replicas are replaced one at a time,
+    // then the primary after a switchover to an updated replica.
+    let since = Instant::now();
+    set_18("ghcr.io/castellan-io/castellan:0.1.0-pg18");
+    let images = || {
+        kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            &ns,
+            "-l",
+            "castellan.io/cluster=roll",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.containers[0].image}{\"\\n\"}{end}",
+        ])
+    };
+    wait_for(
+        "every instance runs the new image and the cluster is Ready",
+        Duration::from_secs(300),
+        || {
+            let images = images();
+            images.lines().count() == 3
+                && images
+                    .lines()
+                    .all(|image| image == "ghcr.io/castellan-io/castellan:0.1.0-pg18")
+                && phase_and_ready(&ns, "roll") == "Ready/3"
+        },
+        diagnostics,
+    );
+    let took = since.elapsed();
+    for (pod, version) in server_versions(&ns, "roll").await {
+        assert_eq!(version, "18.4", "{pod}");
+    }
+    let replaced = events_with(&ns, "MinorUpdate", "roll-1");
+    for pod in ["roll-1", "roll-2", "roll-3"] {
+        assert!(
+            replaced.contains(pod),
+            "{pod} replaced: {replaced}\n{}",
+            diagnostics()
+        );
+    }
+    assert!(
+        events_with(&ns, "Switchover", "minor update").contains("minor update"),
+        "the primary was switched over, not restarted\n{}",
+        diagnostics()
+    );
+    writer
+        .wait_for_write_after(Instant::now(), Duration::from_secs(30))
+        .await;
+    let outages = writer.outages_after(since);
+    let pauses: Vec<Duration> = outages
+        .iter()
+        .map(|o| o.write_again - o.first_failure)
+        .collect();
+    println!("minor update 18.3 -> 18.4 of 3 instances took {took:?}; writers paused {pauses:?}");
+    assert!(
+        outages.len() <= 1 && pauses.iter().all(|p| *p < Duration::from_secs(15)),
+        "at most one short interruption for writers: {pauses:?}\n{}",
+        diagnostics()
+    );
+    // Every acknowledged row is there.
+    let acknowledged = writer.acknowledged();
+    drop(writer);
+    let primary = jsonpath("svc", "roll-rw", &ns, "{.spec.clusterIP}");
+    let mut connection = connect_app(&ns, "roll", &primary).await;
+    let ids: Vec<i64> = sqlx::query_scalar("select id from ledger")
+        .fetch_all(&mut connection)
+        .await
+        .expect("the ledger");
+    let stored: std::collections::BTreeSet<i64> = ids.into_iter().collect();
+    let lost: Vec<&i64> = acknowledged.difference(&stored).collect();
+    assert!(lost.is_empty(), "acknowledged rows lost: {lost:?}");
     drop(operator);
     drop(volumes);
 }

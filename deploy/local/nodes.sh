@@ -193,6 +193,7 @@ up() {
   # The -pg18 image's programs: instant when `make` has composed them, otherwise
   # downloaded and composed now; a missing piece stops here, not in a pod.
   "$repo/deploy/local/postgres.sh" 18.4 >/dev/null || die "PostgreSQL 18 for the -pg18 image is missing"
+  "$repo/deploy/local/postgres.sh" 18.3 >/dev/null || die "PostgreSQL 18.3 for the -pg18.3 image is missing"
   build
   mkdir -p "$logs" "$pids" "$dev/nodes"
   local name

@@ -50,6 +50,7 @@ pub fn members(count: u32) -> BTreeMap<String, Member> {
                     primary: n == 1,
                     cordoned: false,
                     node_ready: true,
+                    outdated: false,
                 },
             )
         })

@@ -415,6 +415,36 @@ async fn enact(
             .await;
     }
 
+    // A minor update: the pod goes, its volume stays, and the next pass makes it again
+    // with the catalog's image.
+    if let (Some(update), Some(runs)) = (&plan.update, runs) {
+        let pod_name = &update.pod;
+        pods.delete(pod_name, &DeleteParams::default())
+            .await
+            .map_err(kube_error(
+                format!("replacing pod {pod_name} (minor update)"),
+                cluster,
+            ))?;
+        let message = if update.in_place {
+            format!(
+                "restarting {pod_name} on {}: the only instance, so writes pause until it is back",
+                runs.image
+            )
+        } else {
+            format!(
+                "replacing {pod_name} to run {} (rolling minor update: replicas first, the primary after a switchover)",
+                runs.image
+            )
+        };
+        tracing::info!(cluster = %name, pod = %pod_name, image = %runs.image, "minor update");
+        context
+            .record(
+                cluster,
+                Note::normal("MinorUpdate", message).about(pod_name),
+            )
+            .await;
+    }
+
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     for pod_name in &plan.remove {
         pods.delete(pod_name, &DeleteParams::default())

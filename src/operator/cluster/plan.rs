@@ -136,6 +136,17 @@ pub struct Plan {
     /// What the pass reports to the machine: the instances after it, created ones
     /// included (without an address yet).
     pub converged: Converged,
+    /// A pod to replace (delete; the next pass makes it again from its volume) for a
+    /// minor update, one at a time.
+    pub update: Option<MinorUpdate>,
+}
+
+/// One step of a rolling minor update.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MinorUpdate {
+    pub pod: String,
+    /// The only instance, the primary: writes pause until it is back.
+    pub in_place: bool,
 }
 
 /// An instance to create.
@@ -279,10 +290,69 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             archive: None,
             restore: None,
         },
+        update: minor_update(order, observed, primary, all_ready && create.is_empty()),
         create,
         remove,
         status,
     }
+}
+
+/// Whether `pod` runs another image than `runs` names for the same major (a pod of
+/// another major is never replaced by a minor update).
+fn outdated(pod: &Pod, runs: Option<&Runs>) -> bool {
+    let Some(runs) = runs else {
+        return false;
+    };
+    let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
+        return false;
+    };
+    let major = container
+        .env
+        .iter()
+        .flatten()
+        .find(|v| v.name == "CASTELLAN_POSTGRES_VERSION")
+        .and_then(|v| v.value.as_deref());
+    major == Some(runs.version.as_str()) && container.image.as_deref() != Some(&runs.image)
+}
+
+/// The next step of a rolling minor update, once everything is settled (every
+/// instance there and ready, nothing being removed or failed over, no pod going
+/// away): the highest-numbered outdated replica; the primary only when it is the only
+/// instance. An outdated primary with updated replicas is switched over first (the
+/// machine does it, from `Member::outdated`), then replaced as a replica.
+fn minor_update(
+    order: &ConvergeOrder,
+    observed: &Observed,
+    primary: u32,
+    settled: bool,
+) -> Option<MinorUpdate> {
+    if !settled
+        || order.failover.is_some()
+        || observed
+            .pods
+            .values()
+            .any(|pod| pod.metadata.deletion_timestamp.is_some())
+    {
+        return None;
+    }
+    let runs = observed.runs.as_ref();
+    let outdated_pods: Vec<(u32, &Pod)> = observed
+        .pods
+        .iter()
+        .filter(|(_, pod)| outdated(pod, runs))
+        .map(|(n, pod)| (*n, pod))
+        .collect();
+    if let Some((_, pod)) = outdated_pods.iter().rev().find(|(n, _)| *n != primary) {
+        return Some(MinorUpdate {
+            pod: pod.name_any(),
+            in_place: false,
+        });
+    }
+    let (_, pod) = outdated_pods.first()?;
+    (observed.pods.len() == 1).then(|| MinorUpdate {
+        pod: pod.name_any(),
+        in_place: true,
+    })
 }
 
 /// The PostgreSQL major version the instances run, as their managers report it from
@@ -532,6 +602,7 @@ fn members(
             cordoned: node.is_some_and(|node| node.draining()),
             // An unknown node is not taken for a lost one.
             node_ready: node.is_none_or(|node| node.ready),
+            outdated: outdated(pod, observed.runs.as_ref()),
         };
         Some((name, member))
     });
@@ -542,6 +613,7 @@ fn members(
             primary: creation.number == primary,
             cordoned: false,
             node_ready: true,
+            outdated: false,
         };
         (build::instance_name(cluster, creation.number), member)
     });
@@ -665,6 +737,80 @@ mod tests {
             version_condition: Assessment::new(true, "InCatalog", "PostgreSQL 15 runs it"),
             now: now(),
         }
+    }
+
+    /// `pod` running `image`, given PostgreSQL `major`.
+    fn running(mut pod: Pod, image: &str, major: &str) -> Pod {
+        let container: k8s_openapi::api::core::v1::Container = serde_json::from_value(json!({
+            "name": "postgres",
+            "image": image,
+            "env": [{"name": "CASTELLAN_POSTGRES_VERSION", "value": major}],
+        }))
+        .expect("a container");
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers = vec![container];
+        }
+        pod
+    }
+
+    #[test]
+    fn a_minor_update_replaces_one_replica_at_a_time_and_a_lone_primary_in_place() {
+        const OLD: &str = "ghcr.io/castellan-io/castellan:0.0.9-pg15";
+        let (order, mut observed) = settled(3);
+        let new = observed.runs.clone().expect("runs").image;
+        for pod in observed.pods.values_mut() {
+            *pod = running(pod.clone(), OLD, "15");
+        }
+        let update = |order: &ConvergeOrder, observed: &Observed| {
+            plan(order, observed).update.map(|u| (u.pod, u.in_place))
+        };
+        // The highest-numbered replica first; every member is known to be outdated.
+        assert_eq!(update(&order, &observed), Some(("db-3".to_owned(), false)));
+        assert!(
+            plan(&order, &observed)
+                .converged
+                .members
+                .values()
+                .all(|m| m.outdated)
+        );
+        // While it goes away, or is made again and not ready yet: nothing else.
+        let mut going = observed.clone();
+        if let Some(pod) = going.pods.get_mut(&3) {
+            pod.metadata.deletion_timestamp = Some(now());
+        }
+        assert_eq!(update(&order, &going), None);
+        let mut gone = observed.clone();
+        gone.pods.remove(&3);
+        assert_eq!(update(&order, &gone), None);
+        assert_eq!(plan(&order, &gone).create.len(), 1, "made again");
+        let mut back = observed.clone();
+        back.pods
+            .insert(3, running(pod(3, StartRole::Replica, false), &new, "15"));
+        assert_eq!(update(&order, &back), None, "not ready yet");
+        // Back and ready on the new image: the next replica.
+        back.pods
+            .insert(3, running(pod(3, StartRole::Replica, true), &new, "15"));
+        assert_eq!(update(&order, &back), Some(("db-2".to_owned(), false)));
+        // Every replica updated: the primary is not replaced here, the machine
+        // switches over to an updated replica first.
+        back.pods
+            .insert(2, running(pod(2, StartRole::Replica, true), &new, "15"));
+        let last = plan(&order, &back);
+        assert_eq!(last.update, None);
+        assert!(last.converged.members["db-1"].outdated);
+        assert!(!last.converged.members["db-2"].outdated);
+        // A pod of another major is no minor update's business.
+        let mut other_major = observed.clone();
+        for pod in other_major.pods.values_mut() {
+            *pod = running(pod.clone(), OLD, "14");
+        }
+        assert_eq!(update(&order, &other_major), None);
+        // A lone primary: restarted in place.
+        let (order, mut observed) = settled(1);
+        for pod in observed.pods.values_mut() {
+            *pod = running(pod.clone(), OLD, "15");
+        }
+        assert_eq!(update(&order, &observed), Some(("db-1".to_owned(), true)));
     }
 
     /// `count` ready instances of a cluster that wants `count`, each with its view: db-1

@@ -38,6 +38,9 @@ pub struct Member {
     /// stopped reporting (a lost machine) turns NotReady once the node controller's
     /// grace period ends.
     pub node_ready: bool,
+    /// Its pod runs another image than the catalog's for its major: a minor update
+    /// is due (replicas are replaced, the primary switched over first).
+    pub outdated: bool,
 }
 
 /// What a successful pass found.

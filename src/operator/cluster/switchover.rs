@@ -65,23 +65,34 @@ pub(super) fn start_switchover(
         }
         None => {
             let draining = state.members.get(&primary).is_some_and(|m| m.cordoned);
-            if !draining {
+            // A minor update: the replicas run the new image, the primary does not.
+            let updating = state.members.get(&primary).is_some_and(|m| m.outdated)
+                && state.members.len() > 1
+                && state
+                    .members
+                    .iter()
+                    .all(|(name, m)| *name == primary || !m.outdated);
+            if !draining && !updating {
                 return;
             }
-            // The most advanced streaming replica off the drained node.
+            // The most advanced streaming replica off the drained node (on the new
+            // image, for an update).
             let mut candidates: Vec<&InstanceView> = state
                 .views
                 .values()
                 .filter(|v| v.name != primary && eligible(state, &v.name))
+                .filter(|v| !state.members.get(&v.name).is_some_and(|m| m.outdated))
                 .collect();
             candidates.sort_by(|a, b| b.receive_lsn.cmp(&a.receive_lsn).then(a.name.cmp(&b.name)));
             let Some(best) = candidates.first() else {
                 return;
             };
-            (
-                best.name.clone(),
-                "the primary's node is being drained".to_owned(),
-            )
+            let cause = if draining {
+                "the primary's node is being drained"
+            } else {
+                "a minor update: the replicas run the new image, the primary is replaced next"
+            };
+            (best.name.clone(), cause.to_owned())
         }
     };
     if state.commands.contains_key(&primary) {
@@ -354,5 +365,44 @@ mod tests {
             state.switchover.as_ref().map(|s| s.to.as_str()),
             Some("db-2")
         );
+    }
+
+    #[test]
+    fn a_minor_update_switches_over_once_every_replica_runs_the_new_image() {
+        let outdated = |state: &mut ClusterState, names: &[&str]| {
+            for (name, member) in &mut state.members {
+                member.outdated = names.contains(&name.as_str());
+            }
+        };
+        // A replica still on the old image: no switchover yet.
+        let mut state = settled(cluster(3, false, &[]), 3);
+        outdated(&mut state, &["db-1", "db-3"]);
+        let primary = state_view_at(&state, "db-1", 1);
+        let (_, effects) = step(state, ClusterEvent::Observed(primary));
+        assert!(notes(&effects).is_empty(), "{effects:?}");
+        // Both replicas updated: to one of them.
+        let mut state = settled(cluster(3, false, &[]), 3);
+        outdated(&mut state, &["db-1"]);
+        let primary = state_view_at(&state, "db-1", 1);
+        let (state, effects) = step(state, ClusterEvent::Observed(primary));
+        assert_eq!(notes(&effects), vec!["Switchover"]);
+        let switchover = state.switchover.as_ref().expect("a switchover");
+        assert!(
+            switchover.cause.contains("minor update"),
+            "{}",
+            switchover.cause
+        );
+        assert_ne!(switchover.to, "db-1");
+        // Nothing outdated: nothing.
+        let state = settled(cluster(3, false, &[]), 3);
+        let primary = state_view_at(&state, "db-1", 1);
+        let (state, effects) = step(state, ClusterEvent::Observed(primary));
+        assert!(notes(&effects).is_empty() && state.switchover.is_none());
+        // A lone primary is not switched over (the pass restarts it in place).
+        let mut state = settled(cluster(1, false, &[]), 1);
+        outdated(&mut state, &["db-1"]);
+        let primary = state_view_at(&state, "db-1", 1);
+        let (state, effects) = step(state, ClusterEvent::Observed(primary));
+        assert!(notes(&effects).is_empty() && state.switchover.is_none());
     }
 }
