@@ -28,6 +28,7 @@ use sqlx::postgres::PgConnectOptions;
 const SUPERUSER_PASSWORD: &str = "super-secret-1";
 const REPLICATION_PASSWORD: &str = "repl-secret-2";
 const APP_PASSWORD: &str = "app-secret-3";
+const ROTATED_APP_PASSWORD: &str = "app-secret-4";
 
 /// The cluster and namespace the test instances' certificate is issued for.
 const SERVER_NAME: &str = "it.test.instance.castellan.io";
@@ -735,6 +736,23 @@ async fn primary_and_replica_stream_report_and_promote() {
         "SIGTERM stops the manager cleanly:\n{}",
         primary.log()
     );
+    // The application's password rotated after the primary went (as if the primary had
+    // applied it and failed before the replica received it): the replica's password
+    // file follows, but a replica cannot set it.
+    std::fs::write(scratch.0.join("app"), format!("{ROTATED_APP_PASSWORD}\n"))
+        .expect("rotating the app password");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !replica
+        .log()
+        .contains("a password changed: the password file follows")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica reads the rotated password:\n{}",
+            replica.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let (code, promoted) = replica.post(
         "/promote",
         &format!(r#"{{"lease": {}, "slots": ["it-1"]}}"#, lease(4000)),
@@ -755,7 +773,20 @@ async fn primary_and_replica_stream_report_and_promote() {
             .is_some_and(|slots| slots.iter().any(|s| s["name"] == "castellan_it_1")),
         "the promoted primary keeps a slot for the instance that will follow it: {body}"
     );
-    let mut app = connect("127.0.50.2", "shop", APP_PASSWORD, "shop").await;
+    // Promoted, it sets the passwords the Secrets hold: the rotated one works, the old
+    // one no longer does.
+    let stale = PgConnectOptions::new()
+        .host("127.0.50.2")
+        .username("shop")
+        .password(APP_PASSWORD)
+        .database("shop")
+        .connect()
+        .await;
+    assert!(
+        stale.is_err(),
+        "the password from before the rotation is refused"
+    );
+    let mut app = connect("127.0.50.2", "shop", ROTATED_APP_PASSWORD, "shop").await;
     sqlx::query("insert into orders values (4, 'after failover')")
         .execute(&mut app)
         .await
@@ -784,7 +815,7 @@ async fn primary_and_replica_stream_report_and_promote() {
         "{}",
         rejoined.log()
     );
-    let mut on_rejoined = connect("127.0.50.1", "shop", APP_PASSWORD, "shop").await;
+    let mut on_rejoined = connect("127.0.50.1", "shop", ROTATED_APP_PASSWORD, "shop").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while sqlx::query_scalar::<_, i64>("select count(*) from orders where id = 4")
         .fetch_one(&mut on_rejoined)
@@ -801,13 +832,18 @@ async fn primary_and_replica_stream_report_and_promote() {
     }
     drop(on_rejoined);
 
-    let secrets_logged = [SUPERUSER_PASSWORD, REPLICATION_PASSWORD, APP_PASSWORD]
-        .iter()
-        .any(|secret| {
-            replica.log().contains(secret)
-                || old_primary_log.contains(secret)
-                || rejoined.log().contains(secret)
-        });
+    let secrets_logged = [
+        SUPERUSER_PASSWORD,
+        REPLICATION_PASSWORD,
+        APP_PASSWORD,
+        ROTATED_APP_PASSWORD,
+    ]
+    .iter()
+    .any(|secret| {
+        replica.log().contains(secret)
+            || old_primary_log.contains(secret)
+            || rejoined.log().contains(secret)
+    });
     assert!(
         !secrets_logged,
         "no password appears in the instance managers' logs"

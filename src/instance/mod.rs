@@ -1263,6 +1263,23 @@ impl Supervisor {
         if let Err(error) = database::keep_slots(&self.pool, &request.slots).await {
             tracing::warn!(%error, "creating the replicas' slots after promotion failed; the next reload retries");
         }
+        if changed {
+            // The passwords as the Secrets say now. A rotation the old primary applied
+            // (its own commits are local) may not have reached this replica before it
+            // failed, and this instance read the same files earlier without applying
+            // them: without this, the old passwords would stay in force.
+            match self
+                .instance
+                .set_passwords(&self.pool, &self.passwords, None)
+                .await
+            {
+                Ok(roles) => tracing::info!(?roles, "set the passwords after promotion"),
+                Err(error) => tracing::warn!(
+                    error = %format!("{error:#}"),
+                    "setting the passwords after promotion failed; the next start sets them"
+                ),
+            }
+        }
         let timeline = database::status(&self.pool)
             .await
             .ok()
