@@ -255,12 +255,17 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
                 all = false;
                 continue;
             };
-            let work_mem = setting(&mut connection, "work_mem").await;
-            let max_connections = setting(&mut connection, "max_connections").await;
-            let start: String = sqlx::query_scalar("select pg_postmaster_start_time()::text")
-                .fetch_one(&mut connection)
-                .await
-                .expect("start time");
+            // The rolling restart may end this session between two reads: not yet.
+            let read = sqlx::query_as::<_, (String, String, String)>(
+                "select current_setting('work_mem'), current_setting('max_connections'), \
+                 pg_postmaster_start_time()::text",
+            )
+            .fetch_one(&mut connection)
+            .await;
+            let Ok((work_mem, max_connections, start)) = read else {
+                all = false;
+                continue;
+            };
             all &= work_mem == "8MB" && max_connections == "150";
             started.push((start, pod));
         }
