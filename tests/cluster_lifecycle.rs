@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, apply_manifest, connect_app, describe, events,
+    LocalVolumes, Operator, apply_cluster, apply_cluster_of, connect_app, describe, events,
     events_with, instance_addresses, jsonpath, phase_and_ready, wait_for, wait_orders,
 };
 use support::faults::{Writer, volume_path};
@@ -533,16 +533,8 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
         r#"{"data":{"17":"ghcr.io/castellan-io/castellan:0.1.0-pg15"}}"#,
     ]);
     apply_cluster(&ns, "current", 1, &volumes.class, "");
-    let cluster_of = |name: &str, version: &str| {
-        format!(
-            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: {name}}}\nspec:\n  \
-             engine: postgresql\n  version: \"{version}\"\n  replicas: 1\n  \
-             storage: {{size: 1Gi, storageClassName: {}}}\n",
-            volumes.class
-        )
-    };
-    apply_manifest(&ns, "newer", &cluster_of("newer", "17"));
-    apply_manifest(&ns, "unlisted", &cluster_of("unlisted", "16"));
+    apply_cluster_of(&ns, "newer", "17", 1, &volumes.class, "");
+    apply_cluster_of(&ns, "unlisted", "16", 1, &volumes.class, "");
     let condition_of = |cluster: &str, type_: &str, field: &str| {
         jsonpath(
             "dbc",
@@ -605,17 +597,7 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
 
     // A version the catalog and the nodes have: 18 runs 18, its replica too (streaming
     // over TLS, with the 18 tools).
-    apply_manifest(
-        &ns,
-        "eighteen",
-        &format!(
-            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: eighteen}}\nspec:\n  \
-             engine: postgresql\n  version: \"18\"\n  replicas: 2\n  \
-             storage: {{size: 1Gi, storageClassName: {}}}\n  \
-             bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n",
-            volumes.class
-        ),
-    );
+    apply_cluster_of(&ns, "eighteen", "18", 2, &volumes.class, "");
     wait_for(
         "the cluster of 18 is Ready with 2 instances",
         Duration::from_secs(180),
@@ -707,17 +689,7 @@ async fn a_minor_update_rolls_through_the_instances_with_one_short_pause() {
         ]);
     };
     set_18("ghcr.io/castellan-io/castellan:0.1.0-pg18.3");
-    apply_manifest(
-        &ns,
-        "roll",
-        &format!(
-            "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: roll}}\nspec:\n  \
-             engine: postgresql\n  version: \"18\"\n  replicas: 3\n  \
-             storage: {{size: 1Gi, storageClassName: {}}}\n  \
-             bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n",
-            volumes.class
-        ),
-    );
+    apply_cluster_of(&ns, "roll", "18", 3, &volumes.class, "");
     wait_for(
         "the cluster is Ready with 3 instances of 18.3",
         Duration::from_secs(180),

@@ -173,12 +173,24 @@ impl Drop for LocalVolumes {
 /// `kubectl apply`s a PostgreSQL DatabaseCluster with database `shop` owned by
 /// `clerk`; `extra_spec` is more YAML under `spec:` (two-space indented lines).
 pub fn apply_cluster(namespace: &str, name: &str, replicas: u32, class: &str, extra_spec: &str) {
+    apply_cluster_of(namespace, name, "15", replicas, class, extra_spec);
+}
+
+/// [`apply_cluster`] of PostgreSQL `version`.
+pub fn apply_cluster_of(
+    namespace: &str,
+    name: &str,
+    version: &str,
+    replicas: u32,
+    class: &str,
+    extra_spec: &str,
+) {
     apply_manifest(
         namespace,
         name,
         &format!(
             "apiVersion: castellan.io/v1alpha1\nkind: DatabaseCluster\nmetadata: {{name: {name}}}\nspec:\n  \
-             engine: postgresql\n  version: \"15\"\n  replicas: {replicas}\n  \
+             engine: postgresql\n  version: \"{version}\"\n  replicas: {replicas}\n  \
              storage: {{size: 1Gi, storageClassName: {class}}}\n  \
              bootstrap: {{initdb: {{database: shop, owner: clerk}}}}\n{extra_spec}"
         ),
