@@ -54,10 +54,10 @@ pub const REPLICATION_TLS: &str = "replication-tls";
 
 /// What an instance pod runs: the image (from the image catalog) and the PostgreSQL
 /// major it carries, which the instance manager checks its binaries against.
-#[derive(Clone, Copy, Debug)]
-pub struct Runs<'a> {
-    pub image: &'a str,
-    pub version: &'a str,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Runs {
+    pub image: String,
+    pub version: String,
 }
 
 /// What the operator knows that the spec does not say.
@@ -440,7 +440,7 @@ pub fn scratch(
     cluster: &DatabaseCluster,
     backup: &str,
     scratch: &str,
-    runs: Runs<'_>,
+    runs: &Runs,
     settings: &Settings,
 ) -> (PersistentVolumeClaim, Pod) {
     let scratch = scratch.to_owned();
@@ -577,7 +577,7 @@ pub fn pod(
     role: StartRole,
     upstream_host: &str,
     allow_initdb: bool,
-    runs: Runs<'_>,
+    runs: &Runs,
     settings: &Settings,
 ) -> Pod {
     let instance = instance_name(cluster, n);
@@ -608,7 +608,7 @@ pub fn pod(
     };
     let container = Container {
         name: "postgres".to_owned(),
-        image: Some(runs.image.to_owned()),
+        image: Some(runs.image.clone()),
         args: Some(vec!["instance".to_owned()]),
         env: Some(
             vec![
@@ -684,7 +684,7 @@ pub fn pod(
                 ),
                 env("CASTELLAN_SUPERUSER_ACCESS", access.superuser.to_string()),
                 // The instance refuses binaries of another major.
-                env("CASTELLAN_POSTGRES_VERSION", runs.version.to_owned()),
+                env("CASTELLAN_POSTGRES_VERSION", runs.version.clone()),
                 // A list of strings always serialises.
                 env(
                     "CASTELLAN_PG_HBA",
@@ -865,7 +865,7 @@ mod tests {
         );
         let name = scratch_name(&cluster, "nightly-1-0a1b2c3d");
         assert_eq!(name, "orders-verify-0a1b2c3d");
-        let (claim, pod) = scratch(&cluster, "nightly-1", &name, RUNS, &settings());
+        let (claim, pod) = scratch(&cluster, "nightly-1", &name, &runs(), &settings());
         assert_eq!(
             claim.metadata.name.as_deref(),
             Some("orders-verify-0a1b2c3d")
@@ -926,15 +926,17 @@ mod tests {
             StartRole::Primary,
             "10.0.0.1",
             true,
-            RUNS,
+            &runs(),
             &settings(),
         )
     }
 
-    const RUNS: Runs<'static> = Runs {
-        image: "ghcr.io/castellan-io/castellan:0.1.0-pg15",
-        version: "15",
-    };
+    fn runs() -> Runs {
+        Runs {
+            image: "ghcr.io/castellan-io/castellan:0.1.0-pg15".to_owned(),
+            version: "15".to_owned(),
+        }
+    }
 
     fn settings() -> Settings {
         Settings {
@@ -1065,7 +1067,7 @@ mod tests {
             StartRole::Primary,
             "127.96.0.9",
             true,
-            RUNS,
+            &runs(),
             &settings(),
         );
         let owner = &pod.metadata.owner_references.expect("owned")[0];
@@ -1131,8 +1133,20 @@ mod tests {
         owned.extend(disruption_budgets(&cluster).into_iter().map(|o| o.metadata));
         owned.push(network_policy(&cluster).metadata);
         owned.push(volume_claim(&cluster, 1).metadata);
-        owned.push(pod(&cluster, 1, StartRole::Primary, "", true, RUNS, &settings()).metadata);
-        let (claim, scratch_pod) = scratch(&cluster, "first", "orders-verify-1", RUNS, &settings());
+        owned.push(
+            pod(
+                &cluster,
+                1,
+                StartRole::Primary,
+                "",
+                true,
+                &runs(),
+                &settings(),
+            )
+            .metadata,
+        );
+        let (claim, scratch_pod) =
+            scratch(&cluster, "first", "orders-verify-1", &runs(), &settings());
         owned.extend([claim.metadata, scratch_pod.metadata]);
         for meta in owned {
             assert_eq!(
@@ -1175,7 +1189,7 @@ mod tests {
             StartRole::Replica,
             "127.96.0.9",
             false,
-            RUNS,
+            &runs(),
             &settings(),
         );
         assert_eq!(pod.metadata.name.as_deref(), Some("orders-2"));
@@ -1280,7 +1294,7 @@ mod tests {
             StartRole::Primary,
             "127.96.0.9",
             true,
-            RUNS,
+            &runs(),
             &settings(),
         );
         let spec = pod.spec.expect("spec");

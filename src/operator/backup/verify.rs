@@ -173,12 +173,9 @@ pub async fn verify(shared: &Shared, backup: &Backup, cluster: Option<&DatabaseC
                     return Action::requeue(machine::POLL);
                 }
             };
-            let runs = build::Runs {
-                image: &image,
-                version: &version,
-            };
+            let runs = build::Runs { image, version };
             let (claim, pod) =
-                build::scratch(cluster, &backup.name_any(), &name, runs, &shared.settings);
+                build::scratch(cluster, &backup.name_any(), &name, &runs, &shared.settings);
             for outcome in [
                 claims
                     .create(&PostParams::default(), &claim)

@@ -326,7 +326,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     let version_condition =
         catalog::assessment(&cluster.spec.version, &version, &image, &catalog.source);
     let observed = Observed {
-        runs: image.ok().map(|image| plan::Runs { image, version }),
+        runs: image.ok().map(|image| build::Runs { image, version }),
         version_condition,
         missing_storage_classes: missing_storage_classes(client, &applied_claims).await,
         nodes: nodes_of(&context.nodes, existing.values()),
@@ -367,7 +367,7 @@ fn nodes_of<'a>(
 /// `upstream` is the -rw Service's address, which new replicas follow.
 async fn enact(
     plan: &Plan,
-    runs: Option<&plan::Runs>,
+    runs: Option<&build::Runs>,
     cluster: &DatabaseCluster,
     upstream: &str,
     context: &Shared,
@@ -394,7 +394,7 @@ async fn enact(
             role,
             upstream,
             creation.allow_initdb,
-            runs.build(),
+            runs,
             &context.settings,
         );
         let pod_name = pod.name_any();

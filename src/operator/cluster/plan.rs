@@ -31,37 +31,26 @@ use crate::operator::replica::InstanceView;
 /// present only while the spec names one.
 pub const SERVER_CERTIFICATE: &str = "ServerCertificate";
 
-/// The Warning Event for the user's server certificate, once it is refused: when the
-/// condition turns False, or its reason (told in the message) changes while False.
-/// The image and PostgreSQL major new pods of a cluster run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Runs {
-    pub image: String,
-    pub version: String,
+/// The Warning `reason` when a condition turns False, or says something new while
+/// False (its reason is told in the message).
+fn turned_false(
+    reason: &'static str,
+    previous: Option<&Condition>,
+    current: &Condition,
+) -> Option<Note> {
+    let already = previous
+        .is_some_and(|previous| previous.status == "False" && previous.message == current.message);
+    (current.status == "False" && !already).then(|| Note::warning(reason, current.message.clone()))
 }
 
-impl Runs {
-    pub fn build(&self) -> build::Runs<'_> {
-        build::Runs {
-            image: &self.image,
-            version: &self.version,
-        }
-    }
-}
-
-/// The Warning when `VersionAvailable` turns False, or says something new while False.
+/// The Warning when `VersionAvailable` turns False.
 pub fn version_warning(previous: Option<&Condition>, current: &Condition) -> Option<Note> {
-    let already = previous
-        .is_some_and(|previous| previous.status == "False" && previous.message == current.message);
-    (current.status == "False" && !already)
-        .then(|| Note::warning("VersionUnavailable", current.message.clone()))
+    turned_false("VersionUnavailable", previous, current)
 }
 
+/// The Warning for the user's server certificate, once it is refused.
 pub fn certificate_warning(previous: Option<&Condition>, current: &Condition) -> Option<Note> {
-    let already = previous
-        .is_some_and(|previous| previous.status == "False" && previous.message == current.message);
-    (current.status == "False" && !already)
-        .then(|| Note::warning("CertificateRefused", current.message.clone()))
+    turned_false("CertificateRefused", previous, current)
 }
 
 /// What the shell read for a pass.
@@ -79,7 +68,7 @@ pub struct Observed {
     pub server_certificate: Option<Assessment>,
     /// What new pods run, from the image catalog (`catalog::choose`): `None` when the
     /// data's version has no image, and nothing is created.
-    pub runs: Option<Runs>,
+    pub runs: Option<build::Runs>,
     /// `VersionAvailable`: whether the version has an image, and the spec asks for it.
     pub version_condition: Assessment,
     /// When the pass runs: the transition time of a condition whose status changes.
@@ -299,7 +288,7 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
 
 /// Whether `pod` runs another image than `runs` names for the same major (a pod of
 /// another major is never replaced by a minor update).
-fn outdated(pod: &Pod, runs: Option<&Runs>) -> bool {
+fn outdated(pod: &Pod, runs: Option<&build::Runs>) -> bool {
     let Some(runs) = runs else {
         return false;
     };
@@ -730,7 +719,7 @@ mod tests {
             missing_storage_classes: BTreeSet::new(),
             nodes: BTreeMap::new(),
             server_certificate: None,
-            runs: Some(Runs {
+            runs: Some(build::Runs {
                 image: "ghcr.io/castellan-io/castellan:0.1.0-pg15".to_owned(),
                 version: "15".to_owned(),
             }),
