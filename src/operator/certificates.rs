@@ -291,20 +291,51 @@ impl ClusterCertificate {
 
 /// Makes sure the cluster's pods have a current certificate of kind `which` in its
 /// Secret before any pod mounts it; returns the Event to record when one was written.
+/// A cluster's certificate Secret of kind `which` as the API server has it.
+struct Held {
+    secrets: Api<Secret>,
+    namespace: String,
+    name: String,
+    /// The DNS name its certificate must carry.
+    expected: String,
+    found: Option<Secret>,
+}
+
+async fn held(
+    client: &Client,
+    cluster: &DatabaseCluster,
+    which: ClusterCertificate,
+) -> Result<Held, Error> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let name = build::secret_name(cluster, which.suffix());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let found = secrets
+        .get_opt(&name)
+        .await
+        .map_err(kube_error(format!("reading Secret {namespace}/{name}")))?;
+    let expected = which.expected_name(&cluster.name_any(), &namespace);
+    Ok(Held {
+        secrets,
+        namespace,
+        name,
+        expected,
+        found,
+    })
+}
+
 pub async fn ensure_certificate(
     client: &Client,
     cluster: &DatabaseCluster,
     trust: &Trust,
     which: ClusterCertificate,
 ) -> Result<Option<Note>, Error> {
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let name = build::secret_name(cluster, which.suffix());
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let existing = secrets
-        .get_opt(&name)
-        .await
-        .map_err(kube_error(format!("reading Secret {namespace}/{name}")))?;
-    let expected = which.expected_name(&cluster.name_any(), &namespace);
+    let Held {
+        secrets,
+        namespace,
+        name,
+        expected,
+        found: existing,
+    } = held(client, cluster, which).await?;
     let now = SystemTime::now();
     let reason = match renewal(existing.as_ref(), trust, &expected, now) {
         None => return Ok(None),
@@ -371,14 +402,14 @@ pub async fn settled_certificate(
     trust: &Trust,
     which: ClusterCertificate,
 ) -> Result<String, String> {
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let name = build::secret_name(cluster, which.suffix());
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let found = secrets
-        .get_opt(&name)
+    let Held {
+        name,
+        expected,
+        found,
+        ..
+    } = held(client, cluster, which)
         .await
-        .map_err(|error| format!("reading Secret {name}: {error}"))?;
-    let expected = which.expected_name(&cluster.name_any(), &namespace);
+        .map_err(|error| error.to_string())?;
     match renewal(found.as_ref(), trust, &expected, SystemTime::now()) {
         Some(Renewal::Issue(why)) => Err(format!("Secret {name} is to be issued again ({why})")),
         Some(Renewal::Rebundle) => Err(format!("Secret {name} does not list the CAs yet")),
