@@ -75,6 +75,14 @@ impl Trust {
         self.bundle.iter().map(|der| fingerprint(der)).collect()
     }
 
+    /// Whether `other` issues with the same CA and trusts the same ones.
+    pub fn same(&self, other: &Self) -> bool {
+        self.authority.fingerprint() == other.authority.fingerprint()
+            && self.next.as_ref().map(|n| n.fingerprint())
+                == other.next.as_ref().map(|n| n.fingerprint())
+            && self.fingerprints() == other.fingerprints()
+    }
+
     /// Whether `pem` lists exactly the trusted CAs (in any order).
     pub fn is_bundle(&self, pem: &[u8]) -> bool {
         let listed: BTreeSet<String> = super::fingerprints(pem).into_iter().collect();
@@ -113,7 +121,7 @@ impl Trust {
         Self::single(self.authority.clone())
     }
 
-    /// A rotation is due: asked for, or the issuing CA has a third of its life left.
+    /// The issuing CA has a third of its life left: a rotation is due.
     pub fn expiring(&self, now: SystemTime) -> bool {
         self.authority.expiring(now)
     }
@@ -161,6 +169,7 @@ mod tests {
             vec![old.fingerprint(), new.fingerprint()]
         );
 
+        assert!(!trusting.same(&steady));
         let retiring = trusting.switched().expect("a coming CA to switch to");
         assert_eq!(retiring.authority.fingerprint(), new.fingerprint());
         assert!(retiring.next.is_none());
@@ -169,7 +178,7 @@ mod tests {
         // As a new leader reads it back from the Secret.
         let reread = Trust::new(new.clone(), None, both.as_bytes()).expect("read back");
         assert!(reread.retiring());
-        assert_eq!(reread.fingerprints(), retiring.fingerprints());
+        assert!(reread.same(&retiring));
 
         let done = retiring.retired();
         assert!(!done.retiring());

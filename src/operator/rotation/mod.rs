@@ -73,9 +73,7 @@ async fn tick(
         })?;
     let trust = certificates::read_trust(&secret, namespace)?;
     // The Secret is the truth: a previous leader may have moved it on.
-    if trust.fingerprints() != shared.trust().fingerprints()
-        || trust.authority.fingerprint() != shared.trust().authority.fingerprint()
-    {
+    if !trust.same(&shared.trust()) {
         shared.set_trust(trust.clone())?;
     }
     let phase = Phase::of(&trust);
