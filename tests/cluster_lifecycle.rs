@@ -506,32 +506,17 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
     let logs = vec![operator.log.clone()];
     let diagnostics = || describe(&ns, &logs);
     // The image catalog: made with the built images when there is none.
-    let catalog = |version: &str| {
-        jsonpath(
-            "configmap",
-            "castellan-images",
-            &ns,
-            &format!("{{.data.{version}}}"),
-        )
-    };
-    wait_for(
-        "the operator makes the image catalog",
-        Duration::from_secs(60),
-        || catalog("15") == "ghcr.io/castellan-io/castellan:0.1.0-pg15",
-        diagnostics,
+    wait_for_catalog(&ns, diagnostics);
+    assert_eq!(
+        catalog_image(&ns, "15"),
+        "ghcr.io/castellan-io/castellan:0.1.0-pg15"
     );
-    assert_eq!(catalog("18"), "ghcr.io/castellan-io/castellan:0.1.0-pg18");
+    assert_eq!(
+        catalog_image(&ns, "18"),
+        "ghcr.io/castellan-io/castellan:0.1.0-pg18"
+    );
     // A user's mistake: 17 mapped to an image that carries 15.
-    kubectl_ok(&[
-        "patch",
-        "configmap",
-        "castellan-images",
-        "-n",
-        &ns,
-        "--type=merge",
-        "-p",
-        r#"{"data":{"17":"ghcr.io/castellan-io/castellan:0.1.0-pg15"}}"#,
-    ]);
+    set_catalog_image(&ns, "17", "ghcr.io/castellan-io/castellan:0.1.0-pg15");
     apply_cluster(&ns, "current", 1, &volumes.class, "");
     apply_cluster_of(&ns, "newer", "17", 1, &volumes.class, "");
     apply_cluster_of(&ns, "unlisted", "16", 1, &volumes.class, "");
@@ -647,6 +632,40 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
     drop(volumes);
 }
 
+/// The image catalog's entry for `major` in the operator's namespace.
+fn catalog_image(namespace: &str, major: &str) -> String {
+    jsonpath(
+        "configmap",
+        "castellan-images",
+        namespace,
+        &format!("{{.data.{major}}}"),
+    )
+}
+
+/// Waits until the operator has made its image catalog (with the built images).
+fn wait_for_catalog(namespace: &str, diagnostics: impl Fn() -> String) {
+    wait_for(
+        "the operator makes the image catalog",
+        Duration::from_secs(60),
+        || !catalog_image(namespace, "15").is_empty(),
+        diagnostics,
+    );
+}
+
+/// Sets the image catalog's entry for `major`, as a user edits it.
+fn set_catalog_image(namespace: &str, major: &str, image: &str) {
+    kubectl_ok(&[
+        "patch",
+        "configmap",
+        "castellan-images",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"data":{{"{major}":"{image}"}}}}"#),
+    ]);
+}
+
 /// `show server_version` on every instance of `cluster`, by pod.
 async fn server_versions(namespace: &str, cluster: &str) -> Vec<(String, String)> {
     let mut versions = Vec::new();
@@ -670,25 +689,8 @@ async fn a_minor_update_rolls_through_the_instances_with_one_short_pause() {
     let operator = Operator::start(&ns, MINOR_OPERATOR);
     let logs = vec![operator.log.clone()];
     let diagnostics = || describe(&ns, &logs);
-    wait_for(
-        "the operator makes the image catalog",
-        Duration::from_secs(60),
-        || !jsonpath("configmap", "castellan-images", &ns, "{.data.18}").is_empty(),
-        diagnostics,
-    );
-    let set_18 = |image: &str| {
-        kubectl_ok(&[
-            "patch",
-            "configmap",
-            "castellan-images",
-            "-n",
-            &ns,
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"data":{{"18":"{image}"}}}}"#),
-        ]);
-    };
-    set_18("ghcr.io/castellan-io/castellan:0.1.0-pg18.3");
+    wait_for_catalog(&ns, diagnostics);
+    set_catalog_image(&ns, "18", "ghcr.io/castellan-io/castellan:0.1.0-pg18.3");
     apply_cluster_of(&ns, "roll", "18", 3, &volumes.class, "");
     wait_for(
         "the cluster is Ready with 3 instances of 18.3",
@@ -707,7 +709,7 @@ async fn a_minor_update_rolls_through_the_instances_with_one_short_pause() {
     // The catalog's 18 moves to the next minor: replicas are replaced one at a time,
     // then the primary after a switchover to an updated replica.
     let since = Instant::now();
-    set_18("ghcr.io/castellan-io/castellan:0.1.0-pg18");
+    set_catalog_image(&ns, "18", "ghcr.io/castellan-io/castellan:0.1.0-pg18");
     let images = || {
         kubectl_ok(&[
             "get",
