@@ -103,7 +103,7 @@ impl Shared {
             },
             reason: note.reason.to_owned(),
             note: Some(note.message.clone()),
-            action: note.reason.to_owned(),
+            action: action(note.reason, &note.message),
             secondary: note.related.as_ref().map(|related| ObjectReference {
                 api_version: Some(related.api_version.into()),
                 kind: Some(related.kind.into()),
@@ -116,6 +116,19 @@ impl Shared {
             tracing::warn!(kind = ?reference.kind, name = ?reference.name, reason = note.reason, %error, "could not record an Event");
         }
     }
+}
+
+/// The Event's action: its reason and a digest of its message. kube's `Recorder` folds
+/// an Event into the last one of the same type, action, reason, object and related
+/// object (a series, for six minutes) and keeps that one's note, so without the digest
+/// a new message would be shown as the old one (a second CA rotation naming the first
+/// one's CA, a Secret back to one CA saying it trusts two). Only the same message
+/// repeated forms a series.
+fn action(reason: &str, message: &str) -> String {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    message.hash(&mut hasher);
+    format!("{reason}-{:08x}", hasher.finish() as u32)
 }
 
 /// Where Events about `object` (a cluster, a schedule) go.
@@ -153,4 +166,19 @@ pub fn key(cluster: &DatabaseCluster) -> String {
         cluster.namespace().unwrap_or_default(),
         cluster.name_any()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::action;
+
+    #[test]
+    fn only_the_same_message_makes_a_series() {
+        let first = action("CARotationStarted", "new CA 2280b3a95ee6");
+        assert_eq!(first, action("CARotationStarted", "new CA 2280b3a95ee6"));
+        assert_ne!(first, action("CARotationStarted", "new CA 8fa91745ea53"));
+        assert!(first.starts_with("CARotationStarted-"), "{first}");
+        // The API's limit for an Event's action.
+        assert!(action(&"R".repeat(100), &"m".repeat(10_000)).len() <= 128);
+    }
 }
