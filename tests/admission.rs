@@ -704,6 +704,57 @@ async fn the_valid_objects_are_accepted() {
             )
             .await
             .expect("raising version, replicas and size is accepted");
+            // The one way down: back to the version a major upgrade came from while its
+            // data is kept (status.upgrade, written by the operator)…
+            let upgraded = |previous: &str| {
+                json!({"status": {"upgrade": {
+                    "from": "16", "to": "17", "phase": "Succeeded", "instance": "x-1",
+                    "previous": previous,
+                }}})
+            };
+            let lower = json!({"spec": {"version": "16"}});
+            api.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(upgraded("Removed")),
+            )
+            .await
+            .expect("writing an upgrade's status");
+            let refused = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&lower))
+                .await
+                .expect_err("no rollback once the previous data is removed");
+            assert!(
+                refused
+                    .to_string()
+                    .contains("version cannot be lowered from 17 to 16"),
+                "{refused}"
+            );
+            api.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(upgraded("Kept")),
+            )
+            .await
+            .expect("writing an upgrade's status");
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&lower))
+                .await
+                .expect("a rollback to the kept version is accepted");
+            // … and never below it.
+            let refused = api
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"version": "15"}})),
+                )
+                .await
+                .expect_err("lowering past the upgrade's from is refused");
+            assert!(
+                refused
+                    .to_string()
+                    .contains("version cannot be lowered from 16 to 15"),
+                "{refused}"
+            );
             // Network access changes on a running cluster, with lines of every form.
             api.patch(
                 &name,

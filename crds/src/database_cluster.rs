@@ -193,11 +193,14 @@ pub const MAX_NAME_LENGTH: usize = 50;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("size(self.metadata.name) <= 50").message("metadata.name must be at most 50 characters: Castellan derives pod, Service, volume and Secret names from it (such as <name>-rw), and those must stay within Kubernetes' 63-character limit").reason(Reason::FieldValueInvalid),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must start with a lowercase letter and hold only lowercase letters, digits and '-': Services named after it must be DNS labels"),
+    // Lowering the version: only back to the version a major upgrade came from, while
+    // its data is still kept (a rollback, docs/upgrades.md). The rule sits at the root
+    // because it reads the status.
+    validation = Rule::new(ROLLBACK_RULE).message(Message::Expression(ROLLBACK_MESSAGE.into())).reason(Reason::FieldValueForbidden).field_path(".spec.version"),
 )]
 #[x_kube(
     validation = Rule::new("self.engine == 'postgresql'").message("engine 'mariadb' is planned but not supported by this version of Castellan; use engine: postgresql").reason(Reason::FieldValueForbidden).field_path(".engine"),
     validation = Rule::new("self.engine != 'postgresql' || self.version in ['15', '16', '17', '18']").message(Message::Expression("'unsupported PostgreSQL version \"' + self.version + '\": supported major versions are 15, 16, 17 and 18'".into())).reason(Reason::FieldValueInvalid).field_path(".version"),
-    validation = Rule::new("!(self.version in ['15', '16', '17', '18']) || !(oldSelf.version in ['15', '16', '17', '18']) || int(self.version) >= int(oldSelf.version)").message(Message::Expression("'version cannot be lowered from ' + oldSelf.version + ' to ' + self.version + ': downgrading a database in place is not possible; restore a backup into a new cluster instead'".into())).reason(Reason::FieldValueForbidden).field_path(".version"),
     validation = Rule::new("!has(self.replication) || self.replication.mode != 'sync' || (has(self.replication.syncReplicas) && self.replication.syncReplicas < self.replicas)").message("with replication.mode sync, replication.syncReplicas is required and must be fewer than replicas: each synchronous standby is one of the replicas other than the primary").field_path(".replication.syncReplicas"),
     validation = Rule::new("!has(self.replication) || self.replication.mode == 'sync' || !has(self.replication.syncReplicas)").message("replication.syncReplicas only applies with replication.mode sync").field_path(".replication.syncReplicas"),
     validation = Rule::new("!has(self.replication) || self.replication.mode == 'sync' || !has(self.replication.dataDurability)").message("replication.dataDurability only applies with replication.mode sync").field_path(".replication.dataDurability"),
@@ -209,10 +212,15 @@ pub struct DatabaseClusterSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("engine is immutable: create a new cluster to change engines").reason(Reason::FieldValueForbidden))]
     pub engine: Engine,
 
-    /// The engine's major version, such as "17". May be raised (a major upgrade), never
-    /// lowered.
+    /// The engine's major version, such as "17". May be raised (a major upgrade); lowered
+    /// only back to the version an upgrade came from while its data is kept (a
+    /// rollback, which loses the writes made since the upgrade).
     #[schemars(length(min = 1, max = 8))]
     pub version: String,
+
+    /// How major upgrades keep what they replace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradePolicy>,
 
     /// Number of instances: one primary and `replicas - 1` streaming replicas.
     #[serde(default = "default_replicas")]
@@ -364,19 +372,59 @@ pub struct FailoverPolicy {
 impl FailoverPolicy {
     /// `delay` as a duration, when it is one (admission checks the form).
     pub fn delay(&self) -> Option<std::time::Duration> {
-        let text = self.delay.as_deref()?;
-        let (number, unit) = if let Some(ms) = text.strip_suffix("ms") {
-            (ms, 1u64)
-        } else if let Some(s) = text.strip_suffix('s') {
-            (s, 1_000)
-        } else if let Some(m) = text.strip_suffix('m') {
-            (m, 60_000)
-        } else {
-            return None;
-        };
-        let number: u64 = number.parse().ok()?;
-        Some(std::time::Duration::from_millis(number.checked_mul(unit)?))
+        self.delay.as_deref().and_then(parse_duration)
     }
+}
+
+/// The one way to lower `spec.version`: back to the `from` of a major upgrade that
+/// succeeded and whose previous data directory is still kept.
+const ROLLBACK_RULE: &str = "!(self.spec.version in ['15', '16', '17', '18']) || !(oldSelf.spec.version in ['15', '16', '17', '18']) || int(self.spec.version) >= int(oldSelf.spec.version) || (has(oldSelf.status) && has(oldSelf.status.upgrade) && oldSelf.status.upgrade.phase == 'Succeeded' && has(oldSelf.status.upgrade.previous) && oldSelf.status.upgrade.previous == 'Kept' && oldSelf.status.upgrade.from == self.spec.version)";
+
+const ROLLBACK_MESSAGE: &str = "'version cannot be lowered from ' + oldSelf.spec.version + ' to ' + self.spec.version + ': a database cannot be downgraded in place; the only way down is a rollback to the version a major upgrade came from while its previous data is kept (status.upgrade.previous: Kept); otherwise restore a backup into a new cluster'";
+
+/// How a major upgrade keeps the data directory it replaced.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePolicy {
+    /// How long the previous major's data directory is kept after an upgrade
+    /// succeeded, such as `24h`, `90m` or `0s`; meanwhile lowering `version` back to
+    /// it rolls the upgrade back (losing the writes made since). Default `24h`; at
+    /// most `720h` (30 days). With `--clone` (btrfs pools) the kept directory shares
+    /// its unchanged blocks with the new one; otherwise it is a full copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(s|m|h)$') && duration(self) <= duration('720h')").message("upgrade.keepPreviousFor must be a duration of at most 720h, such as 24h, 90m or 0s"))]
+    pub keep_previous_for: Option<String>,
+}
+
+impl UpgradePolicy {
+    /// The default of `keepPreviousFor`.
+    pub const DEFAULT_KEEP: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+    /// `keepPreviousFor` as a duration (the default when unset or unreadable).
+    pub fn keep_previous_for(policy: Option<&Self>) -> std::time::Duration {
+        policy
+            .and_then(|p| p.keep_previous_for.as_deref())
+            .and_then(parse_duration)
+            .unwrap_or(Self::DEFAULT_KEEP)
+    }
+}
+
+/// A duration written as a number and one unit: `ms`, `s`, `m` or `h`.
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let (number, unit) = if let Some(ms) = text.strip_suffix("ms") {
+        (ms, 1u64)
+    } else if let Some(s) = text.strip_suffix('s') {
+        (s, 1_000)
+    } else if let Some(m) = text.strip_suffix('m') {
+        (m, 60_000)
+    } else if let Some(h) = text.strip_suffix('h') {
+        (h, 3_600_000)
+    } else {
+        return None;
+    };
+    let number: u64 = number.parse().ok()?;
+    Some(std::time::Duration::from_millis(number.checked_mul(unit)?))
 }
 
 fn default_replicas() -> i32 {
@@ -677,12 +725,56 @@ pub struct DatabaseClusterStatus {
     /// The engine version the instances run now (differs from the spec mid-upgrade).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The latest major upgrade (or its rollback), step by step; it stays after it
+    /// finished, with what became of the previous data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeStatus>,
     /// The earliest moment the cluster can be restored to from its backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_recoverability_point: Option<String>,
     /// Name of the newest successful `Backup`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup: Option<String>,
+}
+
+/// A major upgrade as it goes: `phase` is one of `Stopping` (the instances shut down
+/// cleanly), `Upgrading` (pg_upgrade on the primary's volume), `Starting` (the upgraded
+/// primary starts, replicas are copied from it), `Succeeded`, `Failed` (nothing
+/// changed: the instances run `from` again on their untouched data), `RollingBack`
+/// and `RolledBack` (back to `from` on the kept previous data).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    /// The major version the data was in.
+    pub from: String,
+    /// The major version asked for.
+    pub to: String,
+    pub phase: String,
+    /// The instance whose volume is upgraded (the primary when the upgrade started).
+    pub instance: String,
+    /// How pg_upgrade carried the files: `clone` (reflinks, btrfs) or `copy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The `metadata.generation` that asked for it: a failed upgrade is tried again only
+    /// when the spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// What happened, or what failed and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The previous major's data directory: `Kept` (a rollback is possible until
+    /// `previousKeptUntil`) or `Removed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_kept_until: Option<String>,
+    /// The base backup taken after the upgrade (the archive starts a new history).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
 }
 
 /// One database instance as last observed.

@@ -716,16 +716,7 @@ pub fn pod(
         // outside the volume (the instance manager and PostgreSQL need no /tmp; an
         // emptyDir would also make `kubectl drain` refuse the pod without
         // --delete-emptydir-data).
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                ..Capabilities::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(restricted_container()),
         ports: Some(vec![
             ContainerPort {
                 name: Some("postgres".to_owned()),
@@ -788,17 +779,7 @@ pub fn pod(
             containers: vec![container],
             // The instance manager stops PostgreSQL with a fast shutdown; give it time.
             termination_grace_period_seconds: Some(60),
-            security_context: Some(PodSecurityContext {
-                run_as_user: Some(settings.postgres_uid),
-                run_as_group: Some(settings.postgres_gid),
-                fs_group: Some(settings.postgres_gid),
-                run_as_non_root: Some(true),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".to_owned(),
-                    ..SeccompProfile::default()
-                }),
-                ..PodSecurityContext::default()
-            }),
+            security_context: Some(database_pod(settings)),
             // The instance manager never calls the Kubernetes API.
             automount_service_account_token: Some(false),
             affinity: Some(Affinity {
@@ -832,6 +813,184 @@ pub fn pod(
                 secret_volume(INSTANCE_TLS),
                 secret_volume(SERVER_TLS),
                 secret_volume(REPLICATION_TLS),
+            ]),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+/// A database container's security: no privilege escalation, no capabilities,
+/// nothing written outside its volumes.
+fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// A database pod's security: PostgreSQL's user and group, which own the volume.
+fn database_pod(settings: &Settings) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_user: Some(settings.postgres_uid),
+        run_as_group: Some(settings.postgres_gid),
+        fs_group: Some(settings.postgres_gid),
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            ..SeccompProfile::default()
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// The name of a cluster's upgrade pod (one at a time).
+pub fn upgrade_pod_name(cluster: &DatabaseCluster) -> String {
+    format!("{}-upgrade", name(cluster))
+}
+
+/// Labels the upgrade pod carries: the cluster's (it goes with it) and this one, and
+/// no role, so no Service sends it clients.
+pub const UPGRADE_LABEL: &str = "castellan.io/upgrade";
+
+/// Where the upgrade pod mounts the instance's volume (the instances' `PGDATA` is
+/// `pgdata` in it) and the old version's programs.
+const OLD_BINARIES: &str = "/old";
+
+/// The pod that runs one step of a major upgrade (`castellan upgrade …`) on the volume
+/// of instance `job.instance()`, and nothing else: pg_upgrade with the old version's
+/// programs, copied by an init container of the old image, and the new image's; a
+/// rollback's swap of the data directories; the removal of the kept previous data.
+/// Its log's last line is the outcome. `images` are the catalog's images of the old
+/// and the new major (for a rollback and a removal only the first is used).
+pub fn upgrade_pod(
+    cluster: &DatabaseCluster,
+    job: &crate::operator::cluster::upgrade::Job,
+    images: (&str, &str),
+    settings: &Settings,
+) -> Pod {
+    use crate::operator::cluster::upgrade::Job;
+    let data = DATA_MOUNT.to_owned();
+    let (old_image, new_image) = images;
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    };
+    let superuser_file = format!("{SECRETS_MOUNT}/superuser/password");
+    let container =
+        |name: &str, image: &str, args: Vec<String>, mounts: Vec<VolumeMount>| Container {
+            name: name.to_owned(),
+            image: Some(image.to_owned()),
+            args: Some(args),
+            security_context: Some(restricted_container()),
+            resources: cluster.spec.resources.clone(),
+            volume_mounts: Some(mounts),
+            ..Container::default()
+        };
+    let data_mounts = vec![
+        mount("data", &data, false),
+        mount("old", OLD_BINARIES, false),
+        mount("superuser", &format!("{SECRETS_MOUNT}/superuser"), true),
+    ];
+    let strings = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+    let (init, main) = match job {
+        Job::Upgrade { from, to, .. } => (
+            Some(container(
+                "export",
+                old_image,
+                strings(&["upgrade", "export", "--to", OLD_BINARIES]),
+                vec![mount("old", OLD_BINARIES, false)],
+            )),
+            container(
+                "upgrade",
+                new_image,
+                strings(&[
+                    "upgrade",
+                    "run",
+                    "--data",
+                    &data,
+                    "--old-bindir-file",
+                    &format!("{OLD_BINARIES}/bindir"),
+                    "--from",
+                    from,
+                    "--to",
+                    to,
+                    "--superuser-password-file",
+                    &superuser_file,
+                ]),
+                data_mounts,
+            ),
+        ),
+        Job::Rollback { from, to, .. } => (
+            None,
+            container(
+                "upgrade",
+                old_image,
+                strings(&[
+                    "upgrade", "rollback", "--data", &data, "--from", from, "--to", to,
+                ]),
+                data_mounts,
+            ),
+        ),
+        Job::Forget { .. } => (
+            None,
+            container(
+                "upgrade",
+                old_image,
+                strings(&["upgrade", "forget-previous", "--data", &data]),
+                data_mounts,
+            ),
+        ),
+    };
+    let step = match job {
+        Job::Upgrade { .. } => "upgrade",
+        Job::Rollback { .. } => "rollback",
+        Job::Forget { .. } => "forget-previous",
+    };
+    Pod {
+        metadata: metadata(
+            cluster,
+            upgrade_pod_name(cluster),
+            labels(cluster, &[(UPGRADE_LABEL, step)]),
+        ),
+        spec: Some(PodSpec {
+            init_containers: init.map(|init| vec![init]),
+            containers: vec![main],
+            restart_policy: Some("Never".to_owned()),
+            termination_grace_period_seconds: Some(60),
+            security_context: Some(database_pod(settings)),
+            automount_service_account_token: Some(false),
+            volumes: Some(vec![
+                Volume {
+                    name: "data".to_owned(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: job.instance().to_owned(),
+                        ..PersistentVolumeClaimVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
+                Volume {
+                    name: "old".to_owned(),
+                    empty_dir: Some(Default::default()),
+                    ..Volume::default()
+                },
+                Volume {
+                    name: "superuser".to_owned(),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some(secret_name(cluster, "superuser")),
+                        default_mode: Some(0o440),
+                        ..SecretVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
             ]),
             ..PodSpec::default()
         }),

@@ -144,24 +144,35 @@ pub fn for_cluster(
     )
 }
 
-/// `VersionAvailable`: the data's version has an image, and the spec asks for it.
+/// `VersionAvailable`: the data's version has an image, and so has the spec's when it
+/// asks for a major upgrade (`target`: the catalog's answer for the spec's version).
 pub fn assessment(
     wanted: &str,
     version: &str,
     image: &Result<String, String>,
+    target: &Result<String, String>,
     source: &str,
 ) -> Assessment {
     match image {
         Err(why) => Assessment::new(false, "NotInCatalog", why.clone()),
-        Ok(_) if version != wanted => Assessment::new(
-            false,
-            "MajorUpgradeNotSupported",
-            format!(
-                "the instances run PostgreSQL {version}; spec.version {wanted} needs a major \
-                 upgrade, which this release of Castellan does not do yet: they stay on \
-                 {version}, and new instances run it too"
+        Ok(image) if version != wanted => match target {
+            Err(why) => Assessment::new(
+                false,
+                "NotInCatalog",
+                format!(
+                    "the data is in PostgreSQL {version} (running {image}); the major upgrade to \
+                     {wanted} waits for an image: {why}"
+                ),
             ),
-        ),
+            Ok(next) => Assessment::new(
+                true,
+                "InCatalog",
+                format!(
+                    "PostgreSQL {version} runs {image}; {wanted} runs {next} once the change of \
+                     major version (condition MajorUpgrade) is through (image catalog {source})"
+                ),
+            ),
+        },
         Ok(image) => Assessment::new(
             true,
             "InCatalog",
@@ -234,14 +245,33 @@ mod tests {
         // Data in 15, the spec raised to 18: still 15, and the condition says why.
         let (version, image) = choose(&catalog, "18", Some("15"));
         assert_eq!((version.as_str(), &image), ("15", &Ok("a:15".to_owned())));
-        let judged = assessment("18", &version, &image, &catalog.source);
-        assert_eq!(
-            (judged.status, judged.reason),
-            (false, "MajorUpgradeNotSupported")
+        // … and the condition says which image comes with the upgrade.
+        let judged = assessment(
+            "18",
+            &version,
+            &image,
+            &catalog.image("18"),
+            &catalog.source,
         );
-        let judged = assessment("15", "15", &Ok("a:15".to_owned()), &catalog.source);
         assert_eq!((judged.status, judged.reason), (true, "InCatalog"));
-        let judged = assessment("17", "17", &catalog.image("17"), &catalog.source);
+        assert!(
+            judged.message.contains("18 runs a:18"),
+            "{}",
+            judged.message
+        );
+        // An upgrade to a version without an image waits, and says why.
+        let judged = assessment("17", "15", &image, &catalog.image("17"), &catalog.source);
+        assert_eq!((judged.status, judged.reason), (false, "NotInCatalog"));
+        assert!(
+            judged.message.contains("upgrade to 17 waits"),
+            "{}",
+            judged.message
+        );
+        let ok = Ok("a:15".to_owned());
+        let judged = assessment("15", "15", &ok, &ok, &catalog.source);
+        assert_eq!((judged.status, judged.reason), (true, "InCatalog"));
+        let missing = catalog.image("17");
+        let judged = assessment("17", "17", &missing, &missing, &catalog.source);
         assert_eq!((judged.status, judged.reason), (false, "NotInCatalog"));
     }
 }

@@ -30,6 +30,7 @@ mod restoring;
 pub mod shell;
 mod state;
 mod switchover;
+pub mod upgrade;
 mod volumes;
 
 pub use machine::ClusterMachine;

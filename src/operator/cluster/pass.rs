@@ -16,13 +16,14 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
+use super::upgrade::{Job, JobSeen, Outcome};
 use super::volumes;
 use crate::operator::build::{self, CLUSTER_LABEL, ROLE_LABEL};
 use crate::operator::catalog;
@@ -323,11 +324,20 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     // What new pods run: the image of the version the data is in.
     let catalog = context.catalog();
     let (version, image) = catalog::for_cluster(&catalog, cluster);
-    let version_condition =
-        catalog::assessment(&cluster.spec.version, &version, &image, &catalog.source);
+    let target = catalog.image(&cluster.spec.version);
+    let version_condition = catalog::assessment(
+        &cluster.spec.version,
+        &version,
+        &image,
+        &target,
+        &catalog.source,
+    );
+    let upgrade_job = upgrade_job(&pods, cluster).await?;
     let observed = Observed {
         runs: image.ok().map(|image| build::Runs { image, version }),
         version_condition,
+        target_available: target.is_ok(),
+        upgrade_job,
         missing_storage_classes: missing_storage_classes(client, &applied_claims).await,
         nodes: nodes_of(&context.nodes, existing.values()),
         pods: existing,
@@ -337,6 +347,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     };
     let plan = plan::plan(order, &observed);
     enact(&plan, observed.runs.as_ref(), cluster, &upstream, context).await?;
+    enact_upgrade(&plan, cluster, context).await?;
     let restore = if super::restoring::awaiting_restore(cluster) {
         crate::operator::restore::request(client, cluster).await
     } else {
@@ -347,6 +358,137 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         restore,
         ..plan.converged
     })
+}
+
+/// The major-upgrade pod as it is: absent, running, or finished with the outcome its
+/// log's last line reports.
+async fn upgrade_job(pods: &Api<Pod>, cluster: &DatabaseCluster) -> Result<JobSeen, Error> {
+    let pod_name = build::upgrade_pod_name(cluster);
+    let Some(pod) = pods
+        .get_opt(&pod_name)
+        .await
+        .map_err(kube_error(format!("reading pod {pod_name}"), cluster))?
+    else {
+        return Ok(JobSeen::Absent);
+    };
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let succeeded = match phase {
+        Some("Succeeded") => true,
+        Some("Failed") => false,
+        _ => return Ok(JobSeen::Running),
+    };
+    let params = LogParams {
+        container: Some("upgrade".to_owned()),
+        tail_lines: Some(40),
+        ..LogParams::default()
+    };
+    let outcome = match pods.logs(&pod_name, &params).await {
+        Ok(log) => Outcome::from_log(&log).unwrap_or_else(|| Outcome {
+            message: Some(format!(
+                "{pod_name} ended without reporting an outcome; its log ends: {}",
+                log.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+            )),
+            ..Outcome::default()
+        }),
+        Err(error) => Outcome {
+            message: Some(format!(
+                "{pod_name} ended ({}) and its log could not be read: {error}",
+                phase.unwrap_or_default()
+            )),
+            ..Outcome::default()
+        },
+    };
+    Ok(JobSeen::Finished { succeeded, outcome })
+}
+
+/// A major upgrade's side of the pass: stop the instances, run, replace or remove the
+/// upgrade pod, and say so.
+async fn enact_upgrade(
+    plan: &Plan,
+    cluster: &DatabaseCluster,
+    context: &Shared,
+) -> Result<(), Error> {
+    let step = &plan.upgrade;
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let pods: Api<Pod> = Api::namespaced(context.client.clone(), &namespace);
+    for pod_name in &plan.stop {
+        match pods.delete(pod_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => {
+                return Err(kube_error(
+                    format!("stopping {pod_name} for the major upgrade"),
+                    cluster,
+                )(error));
+            }
+        }
+        tracing::info!(cluster = %cluster.name_any(), pod = %pod_name, "stopped instance for the major upgrade");
+    }
+    let job_name = build::upgrade_pod_name(cluster);
+    if step.remove_job {
+        match pods.delete(&job_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => {
+                return Err(kube_error(format!("deleting pod {job_name}"), cluster)(
+                    error,
+                ));
+            }
+        }
+    }
+    if let Some(job) = &step.job
+        && still_in_phase(context, cluster).await?
+    {
+        let catalog = context.catalog();
+        let (old, new) = match job {
+            Job::Upgrade { from, to, .. } => (catalog.image(from), catalog.image(to)),
+            Job::Rollback { to, .. } => (catalog.image(to), catalog.image(to)),
+            Job::Forget { version, .. } => (catalog.image(version), catalog.image(version)),
+        };
+        match (old, new) {
+            (Ok(old), Ok(new)) => {
+                let pod = build::upgrade_pod(cluster, job, (&old, &new), &context.settings);
+                match pods.create(&PostParams::default(), &pod).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 409 => {}
+                    Err(error) => {
+                        return Err(kube_error(format!("creating pod {job_name}"), cluster)(
+                            error,
+                        ));
+                    }
+                }
+                tracing::info!(cluster = %cluster.name_any(), pod = %job_name, ?job, "started the upgrade pod");
+            }
+            (Err(why), _) | (_, Err(why)) => {
+                context
+                    .record(cluster, Note::warning("UpgradeWaiting", why))
+                    .await;
+            }
+        }
+    }
+    for note in &step.notes {
+        context.record(cluster, note.clone()).await;
+    }
+    Ok(())
+}
+
+/// Whether the cluster's written upgrade step is still the one this pass started from:
+/// the controller's cache can lag a step the previous pass wrote, and a pod is started
+/// only for the step that is written.
+async fn still_in_phase(context: &Shared, cluster: &DatabaseCluster) -> Result<bool, Error> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let clusters: Api<DatabaseCluster> = Api::namespaced(context.client.clone(), &namespace);
+    let fresh = clusters
+        .get(&cluster.name_any())
+        .await
+        .map_err(kube_error("reading the cluster's upgrade step", cluster))?;
+    let phase = |c: &DatabaseCluster| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.upgrade.as_ref())
+            .map(|u| (u.phase.clone(), u.generation))
+    };
+    Ok(phase(&fresh) == phase(cluster))
 }
 
 /// What the nodes of `pods` are known to be, from the operator's reflector of Nodes.

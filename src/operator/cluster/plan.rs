@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use super::state::{Assessment, ConvergeOrder, Converged, Member, Note, desired_count};
-use super::volumes;
+use super::{upgrade, volumes};
 use crate::instance_api::RunningRole;
 use crate::operator::build::{self, ROLE_LABEL, StartRole};
 use crate::operator::catalog;
@@ -71,6 +71,10 @@ pub struct Observed {
     pub runs: Option<build::Runs>,
     /// `VersionAvailable`: whether the version has an image, and the spec asks for it.
     pub version_condition: Assessment,
+    /// The spec's version has an image (a major upgrade can start).
+    pub target_available: bool,
+    /// The major-upgrade pod, if any.
+    pub upgrade_job: upgrade::JobSeen,
     /// When the pass runs: the transition time of a condition whose status changes.
     pub now: Time,
 }
@@ -128,6 +132,10 @@ pub struct Plan {
     /// A pod to replace (delete; the next pass makes it again from its volume) for a
     /// minor update, one at a time.
     pub update: Option<MinorUpdate>,
+    /// A major upgrade's step: its pod, and the instance pods to stop for it.
+    pub upgrade: upgrade::Step,
+    /// Instance pods to delete (their volumes stay) for a major upgrade.
+    pub stop: Vec<String>,
 }
 
 /// One step of a rolling minor update.
@@ -154,11 +162,6 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
     let initialized = initialized(order);
     // Without an image for the data's version, nothing is created; VersionAvailable
     // says why.
-    let create = if observed.runs.is_some() {
-        creations(order, observed, primary, initialized)
-    } else {
-        Vec::new()
-    };
     let remove = removals(order, observed, primary);
     let instances = instances(order, observed);
     let ready = i32::try_from(instances.iter().filter(|i| i.ready).count()).unwrap_or(i32::MAX);
@@ -166,9 +169,39 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
     // Counted on the pods found: an instance created by this pass is not ready yet.
     let all_ready =
         ready == cluster.spec.replicas && observed.pods.len() == desired && remove.is_empty();
-    let phase = phase(order, observed, all_ready);
     let previous = cluster.status.clone().unwrap_or_default();
     let now = &observed.now;
+    let upgrade = upgrade::step(&upgrade::Facts {
+        cluster,
+        data_version: previous.version.as_deref(),
+        target_available: observed.target_available,
+        primary: build::instance_name(cluster, primary),
+        instance_pods: observed.pods.len(),
+        all_ready,
+        job: observed.upgrade_job.clone(),
+        now: now.0.to_string(),
+        now_seconds: now.0.as_second(),
+    });
+    let create = if observed.runs.is_some() && !upgrade.hold_instances {
+        creations(order, observed, primary, initialized)
+    } else {
+        Vec::new()
+    };
+    let stop = if upgrade.stop_instances {
+        observed
+            .pods
+            .values()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .map(|pod| pod.name_any())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let phase = match upgrade.status.as_ref().map(|u| u.phase.as_str()) {
+        Some(upgrade::STOPPING | upgrade::UPGRADING | upgrade::STARTING) => "Upgrading",
+        Some(upgrade::ROLLING_BACK) => "RollingBack",
+        _ => phase(order, observed, all_ready),
+    };
     let previous_volumes = previous
         .conditions
         .iter()
@@ -256,6 +289,12 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         observed.version_condition.clone(),
         now,
     )))
+    .chain(
+        upgrade
+            .condition
+            .clone()
+            .map(|a| condition(cluster, upgrade::CONDITION, a, now)),
+    )
     .collect();
     let status = DatabaseClusterStatus {
         observed_generation: cluster.metadata.generation,
@@ -267,8 +306,13 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         replication_slots: replication_slots(order, primary),
         ready_instances: Some(ready),
         instances,
-        version: running_version(order, &build::instance_name(cluster, primary))
+        // Mid-upgrade, the data's version is the upgrade's to say.
+        version: upgrade
+            .data_version
+            .clone()
+            .or_else(|| running_version(order, &build::instance_name(cluster, primary)))
             .or(previous.version.clone()),
+        upgrade: upgrade.status.clone(),
         ..previous
     };
     Plan {
@@ -279,10 +323,13 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             archive: None,
             restore: None,
         },
-        update: minor_update(order, observed, primary, all_ready && create.is_empty()),
+        update: minor_update(order, observed, primary, all_ready && create.is_empty())
+            .filter(|_| !upgrade.hold_instances),
         create,
         remove,
         status,
+        upgrade,
+        stop,
     }
 }
 
@@ -724,6 +771,8 @@ mod tests {
                 version: "15".to_owned(),
             }),
             version_condition: Assessment::new(true, "InCatalog", "PostgreSQL 15 runs it"),
+            target_available: true,
+            upgrade_job: upgrade::JobSeen::Absent,
             now: now(),
         }
     }

@@ -149,6 +149,13 @@ pub(super) fn supervise_primary(
         return;
     }
 
+    // A major upgrade stops the instances on purpose, then starts the upgraded primary
+    // while the replicas are copied from it: nothing to fail over to meanwhile.
+    if super::upgrade::suspends_failover(&cluster) {
+        state.unavailable_since = None;
+        return;
+    }
+
     if fenced.contains(&primary) {
         // A fenced primary is the user's decision: no failover replaces it.
         state.unavailable_since = None;
