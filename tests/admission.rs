@@ -704,8 +704,37 @@ async fn the_valid_objects_are_accepted() {
             )
             .await
             .expect("raising version, replicas and size is accepted");
-            // The one way down: back to the version a major upgrade came from while its
-            // data is kept (status.upgrade, written by the operator)…
+            // Back to the version the data is in: an upgrade called off.
+            api.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"version": "16"}})),
+            )
+            .await
+            .expect("writing the data's version");
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"version": "16"}})),
+            )
+            .await
+            .expect("going back to the data's version is accepted");
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"version": "17"}})),
+            )
+            .await
+            .expect("raising the version again");
+            api.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"version": "17"}})),
+            )
+            .await
+            .expect("writing the data's version");
+            // Lower than the data: only back to the version a major upgrade came from
+            // while its data is kept (status.upgrade, written by the operator)…
             let upgraded = |previous: &str| {
                 json!({"status": {"upgrade": {
                     "from": "16", "to": "17", "phase": "Succeeded", "instance": "x-1",

@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, apply_cluster_of, connect_app, describe, events,
-    events_with, instance_addresses, jsonpath, phase_and_ready, wait_for, wait_orders,
+    LocalVolumes, Operator, apply_cluster, apply_cluster_of, catalog_image, connect_app, describe,
+    events, events_with, instance_addresses, jsonpath, phase_and_ready, server_versions,
+    set_catalog_image, wait_for, wait_for_catalog, wait_orders,
 };
 use support::faults::{Writer, volume_path};
 use support::{TestNamespace, client, kubectl, kubectl_ok};
@@ -609,75 +610,8 @@ async fn a_version_the_image_does_not_carry_runs_nothing_and_says_why() {
         assert!(version.starts_with("18"), "{pod} runs {version}");
     }
 
-    // A raised major is not run on the old data: the instances stay on 15 and say why.
-    kubectl_ok(&[
-        "patch",
-        "dbc",
-        "current",
-        "-n",
-        &ns,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"version":"18"}}"#,
-    ]);
-    wait_for(
-        "the raised version is refused for now",
-        Duration::from_secs(60),
-        || condition_of("current", "VersionAvailable", "reason") == "MajorUpgradeNotSupported",
-        diagnostics,
-    );
-    assert_eq!(phase_and_ready(&ns, "current"), "Ready/1");
-    assert_eq!(jsonpath("dbc", "current", &ns, "{.status.version}"), "15");
     drop(operator);
     drop(volumes);
-}
-
-/// The image catalog's entry for `major` in the operator's namespace.
-fn catalog_image(namespace: &str, major: &str) -> String {
-    jsonpath(
-        "configmap",
-        "castellan-images",
-        namespace,
-        &format!("{{.data.{major}}}"),
-    )
-}
-
-/// Waits until the operator has made its image catalog (with the built images).
-fn wait_for_catalog(namespace: &str, diagnostics: impl Fn() -> String) {
-    wait_for(
-        "the operator makes the image catalog",
-        Duration::from_secs(60),
-        || !catalog_image(namespace, "15").is_empty(),
-        diagnostics,
-    );
-}
-
-/// Sets the image catalog's entry for `major`, as a user edits it.
-fn set_catalog_image(namespace: &str, major: &str, image: &str) {
-    kubectl_ok(&[
-        "patch",
-        "configmap",
-        "castellan-images",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        &format!(r#"{{"data":{{"{major}":"{image}"}}}}"#),
-    ]);
-}
-
-/// `show server_version` on every instance of `cluster`, by pod.
-async fn server_versions(namespace: &str, cluster: &str) -> Vec<(String, String)> {
-    let mut versions = Vec::new();
-    for (pod, ip) in instance_addresses(namespace, cluster) {
-        let mut connection = connect_app(namespace, cluster, &ip).await;
-        let version: String = sqlx::query_scalar("show server_version")
-            .fetch_one(&mut connection)
-            .await
-            .expect("server_version");
-        versions.push((pod, version));
-    }
-    versions
 }
 
 #[tokio::test(flavor = "multi_thread")]

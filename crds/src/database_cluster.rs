@@ -376,11 +376,12 @@ impl FailoverPolicy {
     }
 }
 
-/// The one way to lower `spec.version`: back to the `from` of a major upgrade that
-/// succeeded and whose previous data directory is still kept.
-const ROLLBACK_RULE: &str = "!(self.spec.version in ['15', '16', '17', '18']) || !(oldSelf.spec.version in ['15', '16', '17', '18']) || int(self.spec.version) >= int(oldSelf.spec.version) || (has(oldSelf.status) && has(oldSelf.status.upgrade) && oldSelf.status.upgrade.phase == 'Succeeded' && has(oldSelf.status.upgrade.previous) && oldSelf.status.upgrade.previous == 'Kept' && oldSelf.status.upgrade.from == self.spec.version)";
+/// The ways to lower `spec.version`: back to the version the data is in (calling off
+/// an upgrade that failed or has not started), or back to the `from` of a major upgrade
+/// that succeeded while its previous data directory is still kept (a rollback).
+const ROLLBACK_RULE: &str = "!(self.spec.version in ['15', '16', '17', '18']) || !(oldSelf.spec.version in ['15', '16', '17', '18']) || int(self.spec.version) >= int(oldSelf.spec.version) || (has(oldSelf.status) && has(oldSelf.status.version) && oldSelf.status.version == self.spec.version) || (has(oldSelf.status) && has(oldSelf.status.upgrade) && oldSelf.status.upgrade.phase == 'Succeeded' && has(oldSelf.status.upgrade.previous) && oldSelf.status.upgrade.previous == 'Kept' && oldSelf.status.upgrade.from == self.spec.version)";
 
-const ROLLBACK_MESSAGE: &str = "'version cannot be lowered from ' + oldSelf.spec.version + ' to ' + self.spec.version + ': a database cannot be downgraded in place; the only way down is a rollback to the version a major upgrade came from while its previous data is kept (status.upgrade.previous: Kept); otherwise restore a backup into a new cluster'";
+const ROLLBACK_MESSAGE: &str = "'version cannot be lowered from ' + oldSelf.spec.version + ' to ' + self.spec.version + ': a database cannot be downgraded in place; the version can only go back to the one the data is in (status.version), or to the one a major upgrade came from while its previous data is kept (status.upgrade.previous: Kept); otherwise restore a backup into a new cluster'";
 
 /// How a major upgrade keeps the data directory it replaced.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

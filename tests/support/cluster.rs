@@ -112,12 +112,32 @@ pub struct LocalVolumes {
     pub class: String,
     names: Vec<String>,
     root: PathBuf,
+    /// The btrfs filesystem the volumes are on, when they are.
+    btrfs: Option<super::disks::Btrfs>,
 }
 
 impl LocalVolumes {
     pub fn create(prefix: &str, per_node: u32) -> Self {
         let class = format!("{prefix}-{}", std::process::id());
         let root = PathBuf::from(format!("/tmp/{class}"));
+        Self::create_in(class, root, per_node, None)
+    }
+
+    /// [`LocalVolumes::create`] on a btrfs filesystem of their own (a loop device over a
+    /// sparse file), as a StoragePool's volumes are: reflinks work there.
+    pub fn create_on_btrfs(prefix: &str, per_node: u32) -> Self {
+        let class = format!("{prefix}-{}", std::process::id());
+        let root = PathBuf::from(format!("/tmp/{class}"));
+        let btrfs = super::disks::Btrfs::mount(&root, 4 * 1024 * super::disks::MIB);
+        Self::create_in(class, root, per_node, Some(btrfs))
+    }
+
+    fn create_in(
+        class: String,
+        root: PathBuf,
+        per_node: u32,
+        btrfs: Option<super::disks::Btrfs>,
+    ) -> Self {
         let (uid, gid) = postgres_ids();
         let mut manifests = format!(
             "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: {class}}}\n\
@@ -152,7 +172,12 @@ impl LocalVolumes {
         std::fs::write(&file, manifests).expect("writing manifests");
         kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
         let _ = std::fs::remove_file(&file);
-        Self { class, names, root }
+        Self {
+            class,
+            names,
+            root,
+            btrfs,
+        }
     }
 }
 
@@ -167,6 +192,10 @@ impl Drop for LocalVolumes {
         }
         let _ = kubectl(&["delete", "storageclass", &self.class, "--wait=false"]);
         let _ = std::fs::remove_dir_all(&self.root);
+        // Unmounted and detached after the directories went.
+        if self.btrfs.take().is_some() {
+            let _ = std::fs::remove_dir(&self.root);
+        }
     }
 }
 
@@ -406,4 +435,51 @@ pub async fn wait_orders(connection: &mut PgConnection, rows: i64, what: &str) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+/// The image catalog's entry for `major` in the operator's namespace.
+pub fn catalog_image(namespace: &str, major: &str) -> String {
+    jsonpath(
+        "configmap",
+        "castellan-images",
+        namespace,
+        &format!("{{.data.{major}}}"),
+    )
+}
+
+/// Waits until the operator has made its image catalog (with the built images).
+pub fn wait_for_catalog(namespace: &str, diagnostics: impl Fn() -> String) {
+    wait_for(
+        "the operator makes the image catalog",
+        Duration::from_secs(60),
+        || !catalog_image(namespace, "15").is_empty(),
+        diagnostics,
+    );
+}
+
+/// Sets the image catalog's entry for `major`, as a user edits it.
+pub fn set_catalog_image(namespace: &str, major: &str, image: &str) {
+    kubectl_ok(&[
+        "patch",
+        "configmap",
+        "castellan-images",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"data":{{"{major}":"{image}"}}}}"#),
+    ]);
+}
+
+/// `show server_version` on every instance of `cluster`, by pod.
+pub async fn server_versions(namespace: &str, cluster: &str) -> Vec<(String, String)> {
+    let mut versions = Vec::new();
+    for (pod, ip) in instance_addresses(namespace, cluster) {
+        let mut connection = connect_app(namespace, cluster, &ip).await;
+        let version: String = sqlx::query_scalar("show server_version")
+            .fetch_one(&mut connection)
+            .await
+            .expect("server_version");
+        versions.push((pod, version));
+    }
+    versions
 }

@@ -142,3 +142,43 @@ impl Drop for Unmount {
         self.all();
     }
 }
+
+/// A btrfs filesystem on a loop device over a sparse file, mounted at `root`; unmounted,
+/// detached and removed on drop.
+pub struct Btrfs {
+    // Fields drop in order: unmount before detaching.
+    unmount: Unmount,
+    _loops: Loops,
+    file: PathBuf,
+}
+
+impl Btrfs {
+    pub fn mount(root: &Path, size: u64) -> Self {
+        fs::create_dir_all(root).unwrap_or_else(|e| panic!("creating {}: {e}", root.display()));
+        let name = format!(
+            "{}.img",
+            root.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
+        );
+        let file = sparse_file(&std::env::temp_dir(), &name, size);
+        let mut loops = Loops::default();
+        let device = loops.attach(&file);
+        run("mkfs.btrfs", &["-q", "-f", &device]);
+        run("mount", &[&device, &root.to_string_lossy()]);
+        Self {
+            unmount: Unmount {
+                root: root.to_path_buf(),
+            },
+            _loops: loops,
+            file,
+        }
+    }
+}
+
+impl Drop for Btrfs {
+    fn drop(&mut self) {
+        self.unmount.all();
+        let _ = fs::remove_file(&self.file);
+    }
+}

@@ -10,12 +10,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use castellan_crds::DatabaseCluster;
+use castellan_crds::backup::{Backup, BackupMethod, BackupSpec};
 use castellan_crds::database_cluster::DatabaseClusterStatus;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
@@ -347,7 +348,6 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
     };
     let plan = plan::plan(order, &observed);
     enact(&plan, observed.runs.as_ref(), cluster, &upstream, context).await?;
-    enact_upgrade(&plan, cluster, context).await?;
     let restore = if super::restoring::awaiting_restore(cluster) {
         crate::operator::restore::request(client, cluster).await
     } else {
@@ -463,6 +463,33 @@ async fn enact_upgrade(
                 context
                     .record(cluster, Note::warning("UpgradeWaiting", why))
                     .await;
+            }
+        }
+    }
+    if let Some(backup_name) = &step.backup {
+        let backups: Api<Backup> = Api::namespaced(context.client.clone(), &namespace);
+        let backup = Backup {
+            metadata: ObjectMeta {
+                name: Some(backup_name.clone()),
+                namespace: Some(namespace.clone()),
+                labels: Some([(CLUSTER_LABEL.to_owned(), cluster.name_any())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: BackupSpec {
+                cluster: cluster.name_any(),
+                method: BackupMethod::default(),
+                verify: false,
+            },
+            status: None,
+        };
+        match backups.create(&PostParams::default(), &backup).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => {
+                return Err(kube_error(
+                    format!("creating Backup {backup_name} after the upgrade"),
+                    cluster,
+                )(error));
             }
         }
     }
@@ -641,6 +668,8 @@ async fn enact(
             context.record(cluster, note).await;
         }
     }
+    // Before the status that records it: a Backup named in status exists.
+    enact_upgrade(plan, cluster, context).await?;
     if cluster.status.as_ref() != Some(&plan.status) {
         write_status(client, cluster, &json!({ "status": plan.status })).await?;
     }

@@ -135,6 +135,8 @@ pub struct Step {
     pub job: Option<Job>,
     /// Delete the (finished) upgrade pod.
     pub remove_job: bool,
+    /// A Backup to create (a base backup of the upgraded cluster), by name.
+    pub backup: Option<String>,
     /// The `MajorUpgrade` condition, once there is anything to say.
     pub condition: Option<Assessment>,
     pub notes: Vec<Note>,
@@ -418,6 +420,27 @@ pub fn step(facts: &Facts) -> Step {
                 }
                 return step;
             }
+            // The archive of the old major is not one the upgraded cluster can be
+            // restored from (it has another system identifier): a base backup starts
+            // its own, when the cluster has an object store.
+            if cluster.spec.backup.is_some()
+                && upgrade.backup.is_none()
+                && facts.data_version == Some(upgrade.to.as_str())
+            {
+                let name = backup_name(cluster, &upgrade);
+                let mut next = upgrade.clone();
+                next.backup = Some(name.clone());
+                step.notes.push(Note::normal(
+                    "UpgradeBackup",
+                    format!(
+                        "taking a base backup of the upgraded cluster (Backup {name}): the \
+                         backups and WAL archived before the upgrade restore {} only",
+                        upgrade.from
+                    ),
+                ));
+                step.backup = Some(name);
+                step.status = Some(next);
+            }
             start(facts, Some(&upgrade), &mut step);
         }
         _ => {
@@ -502,6 +525,17 @@ fn start(facts: &Facts, last: Option<&UpgradeStatus>, step: &mut Step) {
     // The instances stop in the next pass, once the step is written: a new operator
     // that finds no step finds them running.
     step.status = Some(next);
+}
+
+/// The name of the Backup taken after an upgrade: the same on every pass that decides
+/// it, so a pass whose status write was lost finds it made.
+pub fn backup_name(cluster: &DatabaseCluster, upgrade: &UpgradeStatus) -> String {
+    format!(
+        "{}-pg{}-{}",
+        cluster.metadata.name.as_deref().unwrap_or_default(),
+        upgrade.to,
+        upgrade.generation.unwrap_or_default()
+    )
 }
 
 fn in_progress(upgrade: &UpgradeStatus, doing: &str) -> Assessment {
@@ -781,6 +815,30 @@ mod tests {
             Some("2027-01-16T08:00:00Z")
         );
         assert_eq!(reasons(&step(&facts(&cluster))), ["UpgradeSucceeded"]);
+    }
+
+    #[test]
+    fn an_upgraded_cluster_with_an_object_store_gets_a_fresh_base_backup_once() {
+        let mut succeeded = upgrade(SUCCEEDED);
+        succeeded.previous = Some(KEPT.into());
+        succeeded.previous_kept_until = Some("2027-01-16T08:00:00Z".into());
+        let mut cluster = cluster("18", 2, Some(succeeded.clone()));
+        cluster.status.as_mut().expect("status").version = Some("18".into());
+        assert_eq!(step(&facts(&cluster)).backup, None, "no object store");
+        cluster.spec.backup = serde_json::from_value(serde_json::json!({
+            "endpoint": "http://s3.example.com", "bucket": "backups",
+            "credentials": {"secretName": "s3"},
+        }))
+        .expect("a backup target");
+        let first = step(&facts(&cluster));
+        assert_eq!(first.backup.as_deref(), Some("db-pg18-2"));
+        assert_eq!(
+            first.status.as_ref().and_then(|u| u.backup.as_deref()),
+            Some("db-pg18-2")
+        );
+        assert_eq!(reasons(&first), ["UpgradeBackup"]);
+        cluster.status.as_mut().expect("status").upgrade = first.status;
+        assert_eq!(step(&facts(&cluster)).backup, None, "once");
     }
 
     #[test]
