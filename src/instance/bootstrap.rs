@@ -27,6 +27,8 @@ pub enum BootstrapError {
     Failed {
         program: String,
         status: std::process::ExitStatus,
+        /// What it printed on stdout (pg_upgrade says why it failed there).
+        stdout: String,
         stderr: String,
     },
 }
@@ -53,6 +55,28 @@ impl Binaries {
         args: &[&str],
         env: &[(&str, &Path)],
     ) -> Result<String, BootstrapError> {
+        self.run_with(None, name, args, env).await
+    }
+
+    /// [`Binaries::run`] in the working directory `cwd` (pg_upgrade writes its scripts
+    /// there).
+    pub(crate) async fn run_in(
+        &self,
+        cwd: &Path,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Result<String, BootstrapError> {
+        self.run_with(Some(cwd), name, args, env).await
+    }
+
+    async fn run_with(
+        &self,
+        cwd: Option<&Path>,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Result<String, BootstrapError> {
         let program = self.program(name);
         let mut command = Command::new(&program);
         // Programs that connect (pg_basebackup, pg_rewind, psql) give up on a server
@@ -61,6 +85,9 @@ impl Binaries {
             .args(args)
             .env("PGCONNECT_TIMEOUT", "10")
             .kill_on_drop(true);
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
         for (key, value) in env {
             command.env(key, value);
         }
@@ -75,6 +102,7 @@ impl Binaries {
             return Err(BootstrapError::Failed {
                 program: name.to_owned(),
                 status: output.status,
+                stdout: String::from_utf8_lossy(&output.stdout).trim().to_owned(),
                 stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
             });
         }
@@ -94,13 +122,22 @@ pub(super) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error)
 
 /// Writes a file readable by the instance's user only.
 pub async fn write_private(path: &Path, contents: &str) -> Result<(), BootstrapError> {
+    write_atomically(path, contents, 0o600).await
+}
+
+/// Writes a file with `mode`, atomically and synced: a crash in the middle leaves the
+/// old file, never half of the new one.
+pub(crate) async fn write_atomically(
+    path: &Path,
+    contents: &str,
+    mode: u32,
+) -> Result<(), BootstrapError> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true).mode(0o600);
+    options.write(true).create(true).truncate(true).mode(mode);
     let path_buf = path.to_path_buf();
     let contents = contents.to_owned();
-    // Atomically: a crash in the middle leaves the old file, never half of the new
-    // one (a truncated castellan.conf would stop the server from starting).
+    // A truncated castellan.conf would stop the server from starting.
     tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut name = path_buf.file_name().unwrap_or_default().to_os_string();
@@ -207,32 +244,56 @@ pub async fn initdb(
     data_dir: &Path,
     superuser_password_file: &Path,
 ) -> Result<(), BootstrapError> {
+    create_cluster(binaries, data_dir, superuser_password_file, Checksums::On).await?;
+    include_castellan_conf(data_dir).await
+}
+
+/// Whether initdb turns data checksums on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Checksums {
+    On,
+    /// Off, said explicitly (`--no-data-checksums`, PostgreSQL 18 and later, where
+    /// on is the default).
+    Off,
+    /// initdb's default: off before PostgreSQL 18, which has no flag to say so.
+    Default,
+}
+
+/// Runs initdb as every Castellan cluster is made (the superuser `postgres` with the
+/// password from `superuser_password_file`, local connections trusted, SCRAM over the
+/// network, UTF8 with the C locale), without Castellan's configuration: a major
+/// upgrade's new cluster (`crate::upgrade`) must be made the same way, or pg_upgrade
+/// refuses it.
+pub(crate) async fn create_cluster(
+    binaries: &Binaries,
+    data_dir: &Path,
+    superuser_password_file: &Path,
+    checksums: Checksums,
+) -> Result<(), BootstrapError> {
     let data = data_dir.to_string_lossy();
     let pwfile = superuser_password_file.to_string_lossy();
-    binaries
-        .run(
-            "initdb",
-            &[
-                "--pgdata",
-                &data,
-                "--username",
-                "postgres",
-                "--pwfile",
-                &pwfile,
-                "--auth-local",
-                "trust",
-                "--auth-host",
-                "scram-sha-256",
-                "--data-checksums",
-                "--encoding",
-                "UTF8",
-                "--locale",
-                "C",
-            ],
-            &[],
-        )
-        .await?;
-    include_castellan_conf(data_dir).await
+    let mut args = vec![
+        "--pgdata",
+        &*data,
+        "--username",
+        "postgres",
+        "--pwfile",
+        &*pwfile,
+        "--auth-local",
+        "trust",
+        "--auth-host",
+        "scram-sha-256",
+        "--encoding",
+        "UTF8",
+        "--locale",
+        "C",
+    ];
+    match checksums {
+        Checksums::On => args.push("--data-checksums"),
+        Checksums::Off => args.push("--no-data-checksums"),
+        Checksums::Default => {}
+    }
+    binaries.run("initdb", &args, &[]).await.map(|_| ())
 }
 
 /// Copies the current primary with `pg_basebackup`, streaming the WAL it needs, and
@@ -294,7 +355,7 @@ pub async fn clear_dir(dir: &Path) -> Result<(), BootstrapError> {
 }
 
 /// Makes `postgresql.conf` include `castellan.conf` last, once.
-async fn include_castellan_conf(data_dir: &Path) -> Result<(), BootstrapError> {
+pub(crate) async fn include_castellan_conf(data_dir: &Path) -> Result<(), BootstrapError> {
     let path = data_dir.join("postgresql.conf");
     let mut conf = tokio::fs::read_to_string(&path)
         .await
@@ -399,12 +460,29 @@ async fn control_value(
     data_dir: &Path,
     label: &str,
 ) -> Result<Option<String>, BootstrapError> {
+    Ok(control_field(
+        &controldata(binaries, data_dir).await?,
+        label,
+    ))
+}
+
+/// `pg_controldata`'s whole report on `data_dir`. It must be the pg_controldata of
+/// the data directory's own major: another reads the control file as garbage.
+pub(crate) async fn controldata(
+    binaries: &Binaries,
+    data_dir: &Path,
+) -> Result<String, BootstrapError> {
     let data = data_dir.to_string_lossy();
-    let output = binaries.run("pg_controldata", &["-D", &data], &[]).await?;
-    Ok(output
+    binaries.run("pg_controldata", &["-D", &data], &[]).await
+}
+
+/// The value of one line of a `pg_controldata` report, by its label (with the colon:
+/// `Database cluster state:`).
+pub(crate) fn control_field(report: &str, label: &str) -> Option<String> {
+    report
         .lines()
         .find_map(|line| line.strip_prefix(label))
-        .map(|value| value.trim().to_owned()))
+        .map(|value| value.trim().to_owned())
 }
 
 /// The timeline the server at `upstream` writes on, or `None` while it is not (yet) a
@@ -484,6 +562,22 @@ pub async fn rewind(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_fields_are_read_by_their_label() {
+        let report = "pg_control version number:            1300\n\
+                      Database cluster state:               shut down\n\
+                      Data page checksum version:           1\n";
+        assert_eq!(
+            control_field(report, "Database cluster state:").as_deref(),
+            Some("shut down")
+        );
+        assert_eq!(
+            control_field(report, "Data page checksum version:").as_deref(),
+            Some("1")
+        );
+        assert_eq!(control_field(report, "Latest checkpoint location:"), None);
+    }
 
     #[test]
     fn only_a_cleanly_stopped_directory_skips_crash_recovery_before_a_rewind() {

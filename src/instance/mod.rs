@@ -24,7 +24,7 @@
 mod api;
 pub mod archive;
 pub mod backup;
-mod bootstrap;
+pub(crate) mod bootstrap;
 mod config;
 mod database;
 mod postmaster;
@@ -32,7 +32,7 @@ mod restore;
 mod scram;
 mod tls;
 mod verify;
-mod version;
+pub(crate) mod version;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -374,7 +374,8 @@ async fn read_secret(path: &Path) -> anyhow::Result<String> {
     Ok(value.trim_end_matches(['\n', '\r']).to_owned())
 }
 
-async fn private_dir(path: &Path) -> anyhow::Result<()> {
+/// A directory only its owner may enter.
+pub(crate) async fn private_dir(path: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     tokio::fs::create_dir_all(path)
         .await
