@@ -1,6 +1,6 @@
 //! `castellan`: the one binary of Castellan. Its subcommands are the processes the
 //! architecture describes (operator, agent, instance manager) and the tools around
-//! them; this release has the API tooling only.
+//! them.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -14,6 +14,7 @@ mod instance_api;
 mod operator;
 mod pki;
 mod telemetry;
+mod upgrade;
 
 /// Castellan runs stateful data services on Kubernetes by itself.
 #[derive(Parser)]
@@ -39,6 +40,10 @@ enum Command {
     Operator(operator::OperatorArgs),
     /// Run the instance manager: PID 1 of a database pod.
     Instance(Box<instance::InstanceArgs>),
+    /// The instance side of a PostgreSQL major upgrade (export the old binaries, run
+    /// pg_upgrade, roll back, forget the old data); the last line of stdout is a JSON
+    /// report.
+    Upgrade(upgrade::UpgradeArgs),
     /// Make Castellan's CA and issue its certificates as files (tests, debugging).
     Pki(pki::cli::PkiArgs),
     /// PostgreSQL's `archive_command`: hand a completed WAL file to the instance
@@ -85,6 +90,7 @@ fn main() -> anyhow::Result<()> {
                 .block_on(operator::run(args))
         }
         Command::Pki(args) => pki::cli::run(args),
+        Command::Upgrade(args) => std::process::exit(upgrade::main(args)),
         Command::WalArchive { socket, file } => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
