@@ -277,6 +277,9 @@ struct Instance {
     certificates: Option<tls::Certificates>,
     /// The PostgreSQL release the binaries carry (`postgres --version`).
     release: String,
+    /// Why the data directory must not be started: it holds a primary's data of
+    /// another major than the binaries (`version::data_mismatch`).
+    data_refusal: Option<String>,
     /// Who may connect how (`spec.tls.allowPlaintext`, `spec.enableSuperuserAccess`,
     /// `spec.pgHba`) as last sent: the settings of the configuration that are not
     /// server parameters and still change with the spec. Behind a lock, so that
@@ -413,6 +416,7 @@ impl Instance {
     /// for), if they must not: then nothing is initialised, copied or started.
     fn version_refusal(&self) -> Option<String> {
         version::refusal(self.args.postgres_version.as_deref(), &self.release)
+            .or_else(|| self.data_refusal.clone())
     }
 
     fn allows_plaintext(&self) -> bool {
@@ -1565,9 +1569,15 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     let release = version::release(&binaries)
         .await
         .context("asking PostgreSQL for its version (postgres --version)")?;
+    let data_refusal = match version::refusal(args.postgres_version.as_deref(), &release) {
+        // Binaries of another major than asked for touch no data at all.
+        Some(_) => None,
+        None => settle_data_major(&args, &release).await?,
+    };
     let instance = Arc::new(Instance {
         binaries,
         release,
+        data_refusal,
         socket_dir: socket_dir.clone(),
         passfile,
         certificates,
@@ -1744,6 +1754,37 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         supervisor.instance.stop(postmaster, Shutdown::Fast).await?;
     }
     Ok(())
+}
+
+/// Data of another major than the binaries (a major upgrade changed the image): a
+/// replica's data is cleared, so that it is copied from the (upgraded) primary again;
+/// a primary's is left alone and the returned refusal keeps the server from starting.
+/// Only a replica's data: a volume without `standby.signal` may be the only copy of a
+/// primary, whatever role its pod was created in.
+async fn settle_data_major(args: &InstanceArgs, release: &str) -> anyhow::Result<Option<String>> {
+    let data_dir = &args.data_dir;
+    let Some(held) = version::data_major(data_dir).await else {
+        return Ok(None);
+    };
+    let Some(mismatch) = version::data_mismatch(&held, release) else {
+        return Ok(None);
+    };
+    if args.role == StartRole::Replica && data_dir.join("standby.signal").exists() {
+        tracing::warn!(
+            data_dir = %data_dir.display(),
+            "{mismatch}: clearing this replica's data directory to copy the primary afresh"
+        );
+        bootstrap::clear_dir(data_dir)
+            .await
+            .with_context(|| format!("emptying {}", data_dir.display()))?;
+        return Ok(None);
+    }
+    let refusal = format!(
+        "{mismatch}: a primary's data is never started or touched by another major; \
+         upgrade it (castellan upgrade run) or run it with an image of PostgreSQL {held}"
+    );
+    tracing::error!("{refusal}");
+    Ok(Some(refusal))
 }
 
 /// A server that ran this long without dying is restarted at once when it dies.

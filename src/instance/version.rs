@@ -43,6 +43,29 @@ pub fn refusal(asked: Option<&str>, release: &str) -> Option<String> {
     })
 }
 
+/// How data of major `held` and binaries of `release` differ, if they do: such data is
+/// never started (PostgreSQL would refuse it anyway). A replica's is replaced by a
+/// fresh copy of the primary (after a major upgrade, the replicas' volumes still hold
+/// the old major); a primary's is never touched: the operator upgrades it
+/// (`castellan upgrade run`) or rolls back to an image of its major.
+pub fn data_mismatch(held: &str, release: &str) -> Option<String> {
+    let carried = major_of(release);
+    (carried != held).then(|| {
+        format!(
+            "the data directory holds PostgreSQL {held} data, but this instance's image carries \
+             PostgreSQL {release}"
+        )
+    })
+}
+
+/// The major of the data in `data_dir` (its `PG_VERSION`), when it holds a cluster.
+pub async fn data_major(data_dir: &std::path::Path) -> Option<String> {
+    tokio::fs::read_to_string(data_dir.join("PG_VERSION"))
+        .await
+        .ok()
+        .map(|held| held.trim().to_owned())
+}
+
 /// The release of the binaries, asked once at start (`postgres --version`).
 pub async fn release(binaries: &Binaries) -> Result<String, BootstrapError> {
     let output = binaries.run("postgres", &["--version"], &[]).await?;
@@ -67,6 +90,16 @@ mod tests {
         assert_eq!(release_of("something else"), None);
         assert_eq!(major_of("15.18"), "15");
         assert_eq!(major_of("18beta1"), "18");
+    }
+
+    #[test]
+    fn data_of_another_major_than_the_binaries_is_a_mismatch() {
+        assert_eq!(data_mismatch("18", "18.4"), None);
+        let mismatch = data_mismatch("15", "18.4").unwrap_or_default();
+        assert!(
+            mismatch.contains("PostgreSQL 15 data") && mismatch.contains("PostgreSQL 18.4"),
+            "{mismatch}"
+        );
     }
 
     #[test]
