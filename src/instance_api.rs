@@ -154,7 +154,17 @@ pub struct StatusReport {
     /// manager read them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<LoadedCertificates>,
+    /// The statistics a primary gathers after its first start on a major upgrade's
+    /// data directory (`vacuumdb --all --analyze-in-stages`): `running`, `done`, or
+    /// why it failed (tried again at the next start). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analyze: Option<String>,
 }
+
+/// [`StatusReport::analyze`] while it runs.
+pub const ANALYZE_RUNNING: &str = "running";
+/// [`StatusReport::analyze`] once it finished.
+pub const ANALYZE_DONE: &str = "done";
 
 /// The certificates an instance's PostgreSQL runs with, as the SHA-256 fingerprints of
 /// their DER (`pki::fingerprint`): what a CA rotation waits on before each step. "Runs

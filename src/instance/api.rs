@@ -155,6 +155,7 @@ async fn observe(shared: &Shared) -> (bool, StatusReport) {
         access: Some(published.access),
         release: Some(published.release),
         certificates: published.certificates,
+        analyze: shared.analyze.borrow().clone(),
     };
     if !published.running {
         report.error = Some("postgres is not running".to_owned());

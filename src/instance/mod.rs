@@ -242,6 +242,8 @@ pub struct Shared {
     pub archive: Arc<archive::Archive>,
     /// Base backups taken on this instance (`POST /backup`).
     pub backups: Arc<backup::Backups>,
+    /// The statistics run after a major upgrade (`StatusReport::analyze`).
+    pub analyze: watch::Sender<Option<String>>,
 }
 
 impl Shared {
@@ -1014,6 +1016,7 @@ impl Supervisor {
                             }
                         }
                     }
+                    self.analyze_after_upgrade(&role).await;
                 }
                 Err(error) => self.back_off(&error, "starting postgres failed"),
             }
@@ -1033,6 +1036,34 @@ impl Supervisor {
             }
         }
         self.publish();
+    }
+
+    /// After a major upgrade (its marker in the data directory): a primary analyzes
+    /// in the background; a replica, whose copy of the primary brought the marker,
+    /// drops it (the primary's statistics replicate).
+    async fn analyze_after_upgrade(&self, role: &Role) {
+        let marker = self
+            .instance
+            .args
+            .data_dir
+            .join(crate::upgrade::ANALYZE_MARKER);
+        if !marker.exists() {
+            return;
+        }
+        match role {
+            Role::Primary => {
+                let running = self.shared.analyze.borrow().as_deref()
+                    == Some(crate::instance_api::ANALYZE_RUNNING);
+                if !running {
+                    tokio::spawn(analyze(self.shared.clone(), self.instance.clone()));
+                }
+            }
+            Role::Replica(_) => {
+                if let Err(error) = tokio::fs::remove_file(&marker).await {
+                    tracing::warn!(%error, marker = %marker.display(), "removing the copied analyze marker");
+                }
+            }
+        }
     }
 
     async fn handle(&mut self, request: Request) -> Result<serde_json::Value, String> {
@@ -1618,6 +1649,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
             instance.binaries.clone(),
             pool.clone(),
         )),
+        analyze: watch::Sender::new(None),
     });
 
     // The API serves before the server starts: a primary waits for its lease through it,
@@ -1785,6 +1817,60 @@ async fn settle_data_major(args: &InstanceArgs, release: &str) -> anyhow::Result
     );
     tracing::error!("{refusal}");
     Ok(Some(refusal))
+}
+
+/// Runs `vacuumdb --all --analyze-in-stages` on a primary that started on a major
+/// upgrade's data directory (`upgrade::ANALYZE_MARKER`), in the background: the
+/// instance serves meanwhile, with the statistics pg_upgrade carried (PostgreSQL 18
+/// carries most; then only what is missing is gathered). The marker goes once it is
+/// done; a failure is reported and the next start tries again.
+async fn analyze(shared: Arc<Shared>, instance: Arc<Instance>) {
+    let marker = instance.args.data_dir.join(crate::upgrade::ANALYZE_MARKER);
+    shared
+        .analyze
+        .send_replace(Some(crate::instance_api::ANALYZE_RUNNING.to_owned()));
+    let socket = instance.socket_dir.to_string_lossy().into_owned();
+    let port = instance.args.port.to_string();
+    let mut args = vec![
+        "--all",
+        "--analyze-in-stages",
+        "--host",
+        &*socket,
+        "--port",
+        &*port,
+        "--username",
+        "postgres",
+    ];
+    // PostgreSQL 18's pg_upgrade carries the planner statistics: keep them (the
+    // planner's choices never get transiently worse) and gather only what is missing.
+    if version::major_of(&instance.release)
+        .parse::<u32>()
+        .is_ok_and(|major| major >= 18)
+    {
+        args.push("--missing-stats-only");
+    }
+    tracing::info!(?args, "analyzing the databases after the major upgrade");
+    let began = Instant::now();
+    let outcome = match instance.binaries.run("vacuumdb", &args, &[]).await {
+        Ok(_) => tokio::fs::remove_file(&marker)
+            .await
+            .with_context(|| format!("removing {}", marker.display())),
+        Err(error) => {
+            Err(anyhow::Error::new(error).context("running vacuumdb --analyze-in-stages"))
+        }
+    };
+    let state = match outcome {
+        Ok(()) => {
+            tracing::info!(elapsed = ?began.elapsed(), "the databases are analyzed");
+            crate::instance_api::ANALYZE_DONE.to_owned()
+        }
+        Err(error) => {
+            let error = format!("{error:#}");
+            tracing::error!(%error, "analyzing after the major upgrade failed; the next start tries again");
+            error
+        }
+    };
+    shared.analyze.send_replace(Some(state));
 }
 
 /// A server that ran this long without dying is restarted at once when it dies.
