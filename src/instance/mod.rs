@@ -1811,12 +1811,11 @@ async fn settle_data_major(args: &InstanceArgs, release: &str) -> anyhow::Result
             .with_context(|| format!("emptying {}", data_dir.display()))?;
         return Ok(None);
     }
-    let refusal = format!(
+    // Logged with the other refusals when the manager starts.
+    Ok(Some(format!(
         "{mismatch}: a primary's data is never started or touched by another major; \
          upgrade it (castellan upgrade run) or run it with an image of PostgreSQL {held}"
-    );
-    tracing::error!("{refusal}");
-    Ok(Some(refusal))
+    )))
 }
 
 /// Runs `vacuumdb --all --analyze-in-stages` on a primary that started on a major

@@ -12,7 +12,7 @@
 //! Each ends with one JSON line on stdout, the last of the pod's log (`report`), and
 //! exits 0 only when it did what it was asked. Each can be run again after being
 //! killed at any point: it resumes, or cleans up and starts over, and never removes
-//! the live data directory. docs/upgrades.md has the whole contract.
+//! the live data directory. docs/upgrade-pod.md has the whole contract.
 
 mod export;
 pub mod layout;

@@ -286,7 +286,7 @@ async fn pg_upgrade(
         Err(BootstrapError::Failed { stdout, stderr, .. }) => {
             let logs = pg_upgrade_logs(&next).await;
             bail!(
-                "pg_upgrade{} from PostgreSQL {} ({}) to {} ({}) failed: {}{}",
+                "pg_upgrade{} from PostgreSQL {} ({}) to {} ({}) failed, pgdata is unchanged: {}{}",
                 if check { " --check" } else { "" },
                 settings.from,
                 live.display(),
