@@ -420,8 +420,9 @@ fn on_btrfs_the_upgrade_clones() {
     run("mount", &[&device, &scratch.vol().to_string_lossy()]);
     scratch.chown(&scratch.vol());
     scratch.upgrade_and_roll_back("clone");
-    drop(scratch);
+    // Unmounted before the scratch directory goes, or its mount point stays.
     drop(unmount);
+    drop(scratch);
 }
 
 #[test]
