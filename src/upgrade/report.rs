@@ -86,9 +86,8 @@ impl Report {
         })
     }
 
-    /// The report in a pod's log: its last line that is one.
-    // For the operator, which reads the upgrade pod's log tail.
-    #[allow(dead_code)]
+    /// The report in a pod's log: its last line that is one (the operator reads the
+    /// upgrade pod's log tail).
     pub fn from_log(log: &str) -> Option<Self> {
         log.lines()
             .rev()

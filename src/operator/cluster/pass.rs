@@ -24,13 +24,14 @@ use serde_json::json;
 
 use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
-use super::upgrade::{Job, JobSeen, Outcome};
+use super::upgrade::{Job, JobSeen};
 use super::volumes;
 use crate::operator::build::{self, CLUSTER_LABEL, ROLE_LABEL};
 use crate::operator::catalog;
 use crate::operator::certificates::{self, ClusterCertificate};
 use crate::operator::context::Shared;
 use crate::operator::endpoints::Metrics;
+use crate::upgrade::report::{Outcome, Report};
 
 pub const MANAGER: &str = "castellan-operator";
 
@@ -382,21 +383,23 @@ async fn upgrade_job(pods: &Api<Pod>, cluster: &DatabaseCluster) -> Result<JobSe
         tail_lines: Some(40),
         ..LogParams::default()
     };
+    let unreported = |message: String| Report {
+        outcome: Outcome::Failed,
+        method: None,
+        seconds: 0.0,
+        message,
+    };
     let outcome = match pods.logs(&pod_name, &params).await {
-        Ok(log) => Outcome::from_log(&log).unwrap_or_else(|| Outcome {
-            message: Some(format!(
+        Ok(log) => Report::from_log(&log).unwrap_or_else(|| {
+            unreported(format!(
                 "{pod_name} ended without reporting an outcome; its log ends: {}",
                 log.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
-            )),
-            ..Outcome::default()
+            ))
         }),
-        Err(error) => Outcome {
-            message: Some(format!(
-                "{pod_name} ended ({}) and its log could not be read: {error}",
-                phase.unwrap_or_default()
-            )),
-            ..Outcome::default()
-        },
+        Err(error) => unreported(format!(
+            "{pod_name} ended ({}) and its log could not be read: {error}",
+            phase.unwrap_or_default()
+        )),
     };
     Ok(JobSeen::Finished { succeeded, outcome })
 }

@@ -19,6 +19,7 @@ use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::{UpgradePolicy, UpgradeStatus};
 
 use super::state::{Assessment, Note};
+use crate::upgrade::report::{Method, Outcome, Report};
 
 /// The condition a major upgrade is reported in.
 pub const CONDITION: &str = "MajorUpgrade";
@@ -72,32 +73,8 @@ pub enum JobSeen {
     /// Finished: its exit status and the outcome its last log line reports.
     Finished {
         succeeded: bool,
-        outcome: Outcome,
+        outcome: Report,
     },
-}
-
-/// The last line `castellan upgrade` prints.
-#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
-pub struct Outcome {
-    #[serde(default)]
-    pub outcome: String,
-    #[serde(default)]
-    pub method: Option<String>,
-    #[serde(default)]
-    pub seconds: Option<f64>,
-    #[serde(default)]
-    pub message: Option<String>,
-}
-
-impl Outcome {
-    /// The outcome in a log's tail: its last line that is a JSON object with `outcome`.
-    pub fn from_log(log: &str) -> Option<Self> {
-        log.lines()
-            .rev()
-            .filter(|line| line.trim_start().starts_with('{'))
-            .find_map(|line| serde_json::from_str::<Outcome>(line.trim()).ok())
-            .filter(|outcome| !outcome.outcome.is_empty())
-    }
 }
 
 /// What the pass knows for the step.
@@ -208,13 +185,13 @@ pub fn step(facts: &Facts) -> Step {
                 }
                 JobSeen::Finished { succeeded, outcome } => {
                     let mut next = upgrade.clone();
-                    next.method = outcome.method.clone().or(next.method);
-                    if *succeeded && outcome.outcome == "upgraded" {
+                    next.method = outcome.method.map(method_name).or(next.method);
+                    if *succeeded && outcome.outcome == Outcome::Upgraded {
                         next.phase = STARTING.to_owned();
                         next.message = Some(format!(
                             "pg_upgrade --{} took {:.1}s; starting PostgreSQL {} on {}",
                             next.method.as_deref().unwrap_or("copy"),
-                            outcome.seconds.unwrap_or_default(),
+                            outcome.seconds,
                             upgrade.to,
                             upgrade.instance
                         ));
@@ -225,9 +202,7 @@ pub fn step(facts: &Facts) -> Step {
                         ));
                         step.condition = Some(in_progress(&next, "the upgraded primary starts"));
                     } else {
-                        let why = outcome.message.clone().unwrap_or_else(|| {
-                            "the upgrade pod failed without saying why (see its log)".to_owned()
-                        });
+                        let why = &outcome.message;
                         next.phase = FAILED.to_owned();
                         next.finished_at = Some(facts.now.clone());
                         next.message = Some(format!(
@@ -302,7 +277,7 @@ pub fn step(facts: &Facts) -> Step {
                     }
                     JobSeen::Finished { succeeded, outcome } => {
                         let mut next = upgrade.clone();
-                        if *succeeded && outcome.outcome == "rolled-back" {
+                        if *succeeded && outcome.outcome == Outcome::RolledBack {
                             next.phase = ROLLED_BACK.to_owned();
                             next.previous = Some(REMOVED.to_owned());
                             next.previous_kept_until = None;
@@ -324,12 +299,7 @@ pub fn step(facts: &Facts) -> Step {
                             next.generation = cluster.metadata.generation;
                             next.message = Some(format!(
                                 "the rollback to {} failed, and the instances run {} again: {}",
-                                upgrade.from,
-                                upgrade.to,
-                                outcome
-                                    .message
-                                    .as_deref()
-                                    .unwrap_or("see the upgrade pod's log")
+                                upgrade.from, upgrade.to, outcome.message
                             ));
                             step.notes.push(Note::warning(
                                 "RollbackFailed",
@@ -379,7 +349,7 @@ pub fn step(facts: &Facts) -> Step {
                     JobSeen::Finished {
                         succeeded: true,
                         outcome,
-                    } if outcome.outcome == "forgotten" => {
+                    } if outcome.outcome == Outcome::Forgotten => {
                         let mut next = upgrade.clone();
                         next.previous = Some(REMOVED.to_owned());
                         next.previous_kept_until = None;
@@ -400,11 +370,7 @@ pub fn step(facts: &Facts) -> Step {
                             "PreviousDataNotRemoved",
                             format!(
                                 "could not remove the {} data kept since the upgrade: {}",
-                                upgrade.from,
-                                outcome
-                                    .message
-                                    .as_deref()
-                                    .unwrap_or("see the upgrade pod's log")
+                                upgrade.from, outcome.message
                             ),
                         ));
                         step.remove_job = true;
@@ -527,6 +493,15 @@ fn start(facts: &Facts, last: Option<&UpgradeStatus>, step: &mut Step) {
     step.status = Some(next);
 }
 
+/// How `status.upgrade.method` names a method.
+fn method_name(method: Method) -> String {
+    match method {
+        Method::Clone => "clone",
+        Method::Copy => "copy",
+    }
+    .to_owned()
+}
+
 /// The name of the Backup taken after an upgrade: the same on every pass that decides
 /// it, so a pass whose status write was lost finds it made.
 pub fn backup_name(cluster: &DatabaseCluster, upgrade: &UpgradeStatus) -> String {
@@ -623,14 +598,14 @@ mod tests {
         }
     }
 
-    fn finished(succeeded: bool, outcome: &str, message: Option<&str>) -> JobSeen {
+    fn finished(succeeded: bool, outcome: Outcome, message: Option<&str>) -> JobSeen {
         JobSeen::Finished {
             succeeded,
-            outcome: Outcome {
-                outcome: outcome.into(),
-                method: Some("clone".into()),
-                seconds: Some(1.5),
-                message: message.map(str::to_owned),
+            outcome: Report {
+                outcome,
+                method: Some(Method::Clone),
+                seconds: 1.5,
+                message: message.unwrap_or_default().to_owned(),
             },
         }
     }
@@ -734,7 +709,7 @@ mod tests {
         let cluster = cluster("18", 2, Some(upgrade(UPGRADING)));
         let done = step(&Facts {
             instance_pods: 0,
-            job: finished(true, "upgraded", None),
+            job: finished(true, Outcome::Upgraded, None),
             ..facts(&cluster)
         });
         assert_eq!(phase(&done), Some(STARTING));
@@ -755,7 +730,7 @@ mod tests {
             instance_pods: 0,
             job: finished(
                 false,
-                "failed",
+                Outcome::Failed,
                 Some("pg_upgrade --check: plpython3u is missing"),
             ),
             ..facts(&cluster)
@@ -773,10 +748,10 @@ mod tests {
             condition.message
         );
         assert_eq!(reasons(&failed), ["UpgradeFailed"]);
-        // An outcome line without success is a failure too.
+        // A pod that failed is a failure whatever its log says.
         let silent = step(&Facts {
             instance_pods: 0,
-            job: finished(true, "", None),
+            job: finished(false, Outcome::Upgraded, None),
             ..facts(&cluster)
         });
         assert_eq!(phase(&silent), Some(FAILED));
@@ -784,7 +759,7 @@ mod tests {
         // Written: the pod goes, the instances come back on 15, nothing starts again…
         let cluster = self::cluster("18", 2, failed.status.clone());
         let after = step(&Facts {
-            job: finished(false, "failed", None),
+            job: finished(false, Outcome::Failed, None),
             ..facts(&cluster)
         });
         assert!(after.remove_job && !after.hold_instances);
@@ -799,7 +774,7 @@ mod tests {
         let cluster = cluster("18", 2, Some(upgrade(STARTING)));
         let starting = step(&Facts {
             all_ready: false,
-            job: finished(true, "upgraded", None),
+            job: finished(true, Outcome::Upgraded, None),
             ..facts(&cluster)
         });
         assert!(starting.remove_job && !starting.hold_instances);
@@ -860,7 +835,7 @@ mod tests {
             "the instances keep running meanwhile"
         );
         let forgotten = step(&Facts {
-            job: finished(true, "forgotten", None),
+            job: finished(true, Outcome::Forgotten, None),
             ..facts(&cluster)
         });
         assert_eq!(
@@ -873,7 +848,7 @@ mod tests {
         assert!(forgotten.remove_job);
         assert_eq!(reasons(&forgotten), ["PreviousDataRemoved"]);
         let failed = step(&Facts {
-            job: finished(false, "failed", Some("permission denied")),
+            job: finished(false, Outcome::Failed, Some("permission denied")),
             ..facts(&cluster)
         });
         assert!(failed.remove_job, "tried again with a new pod");
@@ -915,7 +890,7 @@ mod tests {
         );
         let rolled = step(&Facts {
             instance_pods: 0,
-            job: finished(true, "rolled-back", None),
+            job: finished(true, Outcome::RolledBack, None),
             ..facts(&rolling)
         });
         assert_eq!(phase(&rolled), Some(ROLLED_BACK));
@@ -923,7 +898,7 @@ mod tests {
         assert_eq!(reasons(&rolled), ["RolledBack"]);
         let refused = step(&Facts {
             instance_pods: 0,
-            job: finished(false, "failed", Some("no previous data")),
+            job: finished(false, Outcome::Failed, Some("no previous data")),
             ..facts(&rolling)
         });
         assert_eq!(phase(&refused), Some(SUCCEEDED));
@@ -968,17 +943,5 @@ mod tests {
             );
         }
         assert!(!suspends_failover(&cluster("18", 2, None)));
-    }
-
-    #[test]
-    fn the_outcome_is_the_log_s_last_json_line() {
-        let log = "2027-01-15T08:00:00Z INFO copying\n{\"outcome\":\"upgraded\",\"method\":\"clone\",\"seconds\":1.2}\n";
-        let outcome = Outcome::from_log(log).expect("an outcome");
-        assert_eq!(outcome.outcome, "upgraded");
-        assert_eq!(outcome.method.as_deref(), Some("clone"));
-        assert_eq!(
-            Outcome::from_log("no outcome here\n{\"level\":\"info\"}"),
-            None
-        );
     }
 }
