@@ -18,6 +18,7 @@ use support::cluster::{
     server_versions, try_superuser, wait_for, wait_for_catalog,
 };
 use support::faults::reported_roles;
+use support::postgres::connect;
 use support::{TestNamespace, client, kubectl_ok};
 
 const UPGRADE_OPERATORS: [&str; 2] = ["127.0.76.1:8080", "127.0.76.2:8080"];
@@ -119,7 +120,7 @@ async fn fifteen_to_eighteen_through_an_operator_kill_then_rolled_back() {
     ];
     let diagnostics = || describe(&ns, &logs);
     wait_for_catalog(&ns, diagnostics);
-    apply_cluster(&ns, "up", 3, &volumes.class, "");
+    apply_cluster(&ns, "up", 3, &volumes.class, SUPERUSER_ACCESS);
     wait_for(
         "the cluster of 15 is Ready with 3 instances",
         Duration::from_secs(180),
@@ -191,11 +192,11 @@ async fn fifteen_to_eighteen_through_an_operator_kill_then_rolled_back() {
     every_instance_counts(&ns, "up", "pgbench_accounts", accounts).await;
     every_instance_counts(&ns, "up", "notes", 10).await;
     let mut primary = connect_app(&ns, "up", &primary_address(&ns, "up")).await;
-    let streaming: i64 =
-        sqlx::query_scalar("select count(*) from pg_stat_replication where state = 'streaming'")
-            .fetch_one(&mut primary)
-            .await
-            .unwrap_or(-1);
+    // The application's role sees the senders, not their state.
+    let streaming: i64 = sqlx::query_scalar("select count(*) from pg_stat_replication")
+        .fetch_one(&mut primary)
+        .await
+        .unwrap_or(-1);
     assert_eq!(
         streaming, 2,
         "both replicas stream from the upgraded primary"
@@ -205,14 +206,48 @@ async fn fifteen_to_eighteen_through_an_operator_kill_then_rolled_back() {
         .await
         .expect("data_checksums");
     assert_eq!(checksums, "on", "the 15 cluster's setting, carried over");
-    // Castellan's own schema came along and is in use: the heartbeat moves.
+    // Castellan's own schema (in the postgres database) came along and is in use: its
+    // migrations are recorded, their grants kept, the heartbeat moves.
+    let password = secret_value(&ns, "up-superuser", "password");
+    let mut own = connect(
+        &primary_address(&ns, "up"),
+        "postgres",
+        &password,
+        "postgres",
+    )
+    .await;
     let heartbeat_age: f64 = sqlx::query_scalar(
         "select extract(epoch from now() - written_at)::float8 from castellan.heartbeat",
     )
-    .fetch_one(&mut primary)
+    .fetch_one(&mut own)
     .await
     .expect("Castellan's heartbeat on 18");
     assert!(heartbeat_age < 10.0, "heartbeat {heartbeat_age}s old");
+    let migrations: i64 = sqlx::query_scalar("select count(*) from _sqlx_migrations where success")
+        .fetch_one(&mut own)
+        .await
+        .expect("the migrations' record");
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .expect("migrations/")
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sql"))
+        })
+        .count();
+    assert_eq!(migrations, files as i64, "every migration, recorded once");
+    let rewind_grant: bool = sqlx::query_scalar(
+        "select has_function_privilege('streaming_replica', \
+         'pg_catalog.pg_read_binary_file(text)', 'execute')",
+    )
+    .fetch_one(&mut own)
+    .await
+    .expect("a migration's grant");
+    assert!(
+        rewind_grant,
+        "migrations/0002_rewind.sql's grants survive pg_upgrade"
+    );
+    drop(own);
 
     // Writes on 18, which a rollback loses.
     sqlx::query("insert into notes (said) select 'after ' || n from generate_series(1, 5) n")

@@ -518,6 +518,29 @@ fn needs_crash_recovery(state: &str) -> bool {
     !matches!(state, "shut down" | "shut down in recovery")
 }
 
+/// Runs crash recovery on a data directory that was not shut down cleanly (a server
+/// killed, or stopped at once when its lease ended), single-user with fsync off as
+/// pg_rewind does, so that it ends with a clean shutdown; says whether it ran. Only
+/// while no server runs on it: the operator's pods make sure of that.
+pub async fn finish_crash_recovery(
+    binaries: &Binaries,
+    data_dir: &Path,
+) -> Result<bool, BootstrapError> {
+    let state = control_value(binaries, data_dir, "Database cluster state:").await?;
+    if !state.as_deref().is_some_and(needs_crash_recovery) {
+        return Ok(false);
+    }
+    let data = data_dir.to_string_lossy();
+    binaries
+        .run(
+            "postgres",
+            &["--single", "-F", "-D", &data, "template1"],
+            &[],
+        )
+        .await?;
+    Ok(true)
+}
+
 /// Rewinds a former primary onto the new primary's timeline so it can follow it.
 pub async fn rewind(
     binaries: &Binaries,
@@ -530,17 +553,8 @@ pub async fn rewind(
     // run it itself, with the `postgres` beside pg_rewind: where the tools and the
     // server are different builds (the dev nodes' 18: the tools have no OpenSSL and
     // refuse `ssl = on`), that server cannot start the data directory. So it runs here,
-    // the same way (single-user, fsync off), with the server the instance runs.
-    let state = control_value(binaries, data_dir, "Database cluster state:").await?;
-    if state.as_deref().is_some_and(needs_crash_recovery) {
-        binaries
-            .run(
-                "postgres",
-                &["--single", "-F", "-D", &data, "template1"],
-                &[],
-            )
-            .await?;
-    }
+    // the same way, with the server the instance runs.
+    finish_crash_recovery(binaries, data_dir).await?;
     // As the replication role, which may read what pg_rewind reads (the grants of
     // migrations/0002_rewind.sql), not as the superuser.
     let source = upstream.conninfo(passfile, Some("postgres"));

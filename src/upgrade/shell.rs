@@ -120,6 +120,16 @@ async fn build(settings: &RunSettings<'_>, started: Instant) -> Result<Method, F
         bin_dir: Some(old_bindir(settings.old_bindir_file).await?),
     };
     check_binaries(&old, "old", from).await?;
+    // A primary whose lease ended while no operator renewed it (one being replaced,
+    // say) was stopped at once, not cleanly: crash recovery, as its own server would
+    // run at its next start, brings it to the clean shutdown pg_upgrade needs. A
+    // standby's data was refused above.
+    let recovered = bootstrap::finish_crash_recovery(&old, &live)
+        .await
+        .with_context(|| format!("running crash recovery on {}", live.display()))?;
+    if recovered {
+        tracing::info!(data = %live.display(), "upgrade: the old cluster was not shut down cleanly; crash recovery ran first");
+    }
     let report = bootstrap::controldata(&old, &live)
         .await
         .with_context(|| format!("reading the control file of {}", live.display()))?;

@@ -439,9 +439,13 @@ async fn enact_upgrade(
             }
         }
     }
-    if let Some(job) = &step.job
-        && still_in_phase(context, cluster).await?
-    {
+    // A step decided from a lagging cache (the previous pass wrote a newer one) starts
+    // nothing and says nothing: the pass on the written step does.
+    let acts = step.job.is_some() || step.backup.is_some() || !step.notes.is_empty();
+    if acts && !still_in_phase(context, cluster).await? {
+        return Ok(());
+    }
+    if let Some(job) = &step.job {
         let catalog = context.catalog();
         let (old, new) = match job {
             Job::Upgrade { from, to, .. } => (catalog.image(from), catalog.image(to)),
