@@ -489,6 +489,30 @@ fn a_failed_upgrade_leaves_pgdata_as_it_was_and_says_why() {
     let after = scratch.fingerprint(Path::new(PG15));
     assert_eq!(after, before);
 
+    // A logical replication slot, which pg_upgrade would drop without a word from 15:
+    // refused, and named.
+    scratch.psql(Path::new(PG15), "ALTER SYSTEM SET wal_level = logical");
+    scratch.stop(Path::new(PG15), "fast");
+    scratch.start(Path::new(PG15));
+    scratch.psql(
+        Path::new(PG15),
+        "SELECT pg_create_logical_replication_slot('shop_sub', 'pgoutput')",
+    );
+    scratch.stop(Path::new(PG15), "fast");
+    let (report, ok, said) = scratch.upgrade();
+    assert!(!ok, "{said}");
+    let message = report["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("logical replication slots (shop_sub)"),
+        "{message}"
+    );
+    assert_eq!(listing(&scratch), vec!["pgdata"]);
+    scratch.start(Path::new(PG15));
+    scratch.psql(
+        Path::new(PG15),
+        "SELECT pg_drop_replication_slot('shop_sub')",
+    );
+
     // Not shut down cleanly (a primary stopped at once when its lease ended): crash
     // recovery runs first, then the upgrade.
     scratch.stop(Path::new(PG15), "immediate");

@@ -45,6 +45,52 @@ fn mib(bytes: u64) -> String {
     format!("{} MiB", bytes.div_ceil(1 << 20))
 }
 
+/// Where a slot's database OID sits in `pg_replslot/<slot>/state`
+/// (`ReplicationSlotOnDisk`: magic, checksum, version and length, four bytes each, then
+/// `ReplicationSlotPersistentData`: the name, 64 bytes, then the database), the same
+/// from 15 to 18. A physical slot names no database (0).
+const SLOT_DATABASE_OFFSET: usize = 16 + 64;
+
+/// Whether a slot's state file is a logical slot's (it names a database); `None` when
+/// the file is too short to say.
+pub fn is_logical_slot(state: &[u8]) -> Option<bool> {
+    let bytes = state.get(SLOT_DATABASE_OFFSET..SLOT_DATABASE_OFFSET + 4)?;
+    Some(u32::from_le_bytes(bytes.try_into().ok()?) != 0)
+}
+
+/// Why the upgrade stops for the logical replication slots `logical` (and slots whose
+/// kind could not be read, `unreadable`), if it does: pg_upgrade carries logical slots
+/// only from a cluster of 17 or later and drops older ones without a word, which would
+/// silently break their subscribers.
+pub fn logical_slots_refusal(
+    from: &str,
+    logical: &[String],
+    unreadable: &[String],
+) -> Option<String> {
+    let from_major: u32 = from.parse().ok()?;
+    if from_major >= 17 || (logical.is_empty() && unreadable.is_empty()) {
+        return None;
+    }
+    let mut reasons = Vec::new();
+    if !logical.is_empty() {
+        reasons.push(format!(
+            "pgdata has logical replication slots ({}), which pg_upgrade does not carry from \
+             PostgreSQL {from} (only from 17 on): their subscribers would lose their place \
+             without a word; drop them (pg_drop_replication_slot) and make them again after \
+             the upgrade",
+            logical.join(", ")
+        ));
+    }
+    if !unreadable.is_empty() {
+        reasons.push(format!(
+            "the kind of replication slots {} could not be read from pg_replslot, so it is \
+             not known whether pg_upgrade would drop them",
+            unreadable.join(", ")
+        ));
+    }
+    Some(reasons.join("; "))
+}
+
 /// What `upgrade run` needs from the old cluster's control file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Control {
@@ -203,5 +249,38 @@ mod tests {
             binaries_refusal("old", "postgres (PostgreSQL) 16.2\n", "15").unwrap_or_default();
         assert_eq!(wrong, "the old binaries are PostgreSQL 16.2, not 15");
         assert!(binaries_refusal("new", "bash: postgres: not found", "18").is_some());
+    }
+
+    fn slot_state(database: u32) -> Vec<u8> {
+        let mut state = vec![0u8; SLOT_DATABASE_OFFSET];
+        state[..4].copy_from_slice(&0x0105_1CA1_u32.to_le_bytes());
+        state.extend_from_slice(&database.to_le_bytes());
+        state.extend_from_slice(&[0; 64]);
+        state
+    }
+
+    #[test]
+    fn logical_slots_stop_an_upgrade_from_before_17() {
+        assert_eq!(is_logical_slot(&slot_state(0)), Some(false));
+        assert_eq!(is_logical_slot(&slot_state(16_384)), Some(true));
+        assert_eq!(is_logical_slot(&[0; 10]), None);
+        let sub = vec!["shop_sub".to_owned()];
+        let refused = logical_slots_refusal("15", &sub, &[]).unwrap_or_default();
+        assert!(
+            refused.contains("shop_sub") && refused.contains("only from 17"),
+            "{refused}"
+        );
+        assert_eq!(
+            logical_slots_refusal("17", &sub, &[]),
+            None,
+            "carried from 17"
+        );
+        assert_eq!(
+            logical_slots_refusal("15", &[], &[]),
+            None,
+            "physical ones only"
+        );
+        let unknown = logical_slots_refusal("16", &[], &["odd".to_owned()]).unwrap_or_default();
+        assert!(unknown.contains("odd"), "{unknown}");
     }
 }

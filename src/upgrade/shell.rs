@@ -139,6 +139,10 @@ async fn build(settings: &RunSettings<'_>, started: Instant) -> Result<Method, F
     if let Some(reason) = preflight::shutdown_refusal(&control) {
         return Err(anyhow::anyhow!("{reason}; nothing was changed").into());
     }
+    let (logical, unreadable) = slots(&live).await?;
+    if let Some(reason) = preflight::logical_slots_refusal(from, &logical, &unreadable) {
+        return Err(anyhow::anyhow!("{reason}; nothing was changed").into());
+    }
     check_binaries(settings.binaries, "new", to).await?;
     let method = choose_method(layout).await?;
     tracing::info!(
@@ -483,6 +487,40 @@ pub async fn forget_previous(layout: &Layout, started: Instant) -> anyhow::Resul
 }
 
 /// What the directories of the volume hold.
+/// The logical replication slots in `data`'s `pg_replslot`, and the slots whose kind
+/// could not be read.
+async fn slots(data: &Path) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let dir = data.join("pg_replslot");
+    let (mut logical, mut unreadable) = (Vec::new(), Vec::new());
+    let mut entries = match tokio::fs::read_dir(&dir).await {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((logical, unreadable));
+        }
+        Err(error) => return Err(error).with_context(|| format!("listing {}", dir.display())),
+    };
+    while let Some(entry) = entries
+        .next_entry()
+        .await
+        .with_context(|| format!("listing {}", dir.display()))?
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match tokio::fs::read(entry.path().join("state")).await {
+            Ok(state) => match preflight::is_logical_slot(&state) {
+                Some(true) => logical.push(name),
+                Some(false) => {}
+                None => unreadable.push(name),
+            },
+            // A slot being made or dropped when the server stopped (no state file).
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => unreadable.push(name),
+        }
+    }
+    logical.sort();
+    unreadable.sort();
+    Ok((logical, unreadable))
+}
+
 async fn look(layout: &Layout) -> anyhow::Result<Seen> {
     Ok(Seen {
         live: holds(&layout.live()).await?,
