@@ -19,6 +19,7 @@ use castellan_crds::DatabaseCluster;
 use castellan_crds::database_cluster::{UpgradePolicy, UpgradeStatus};
 
 use super::state::{Assessment, Note};
+use super::switchover::SWITCHOVER_ANNOTATION as SWITCHOVER;
 use crate::upgrade::report::{Method, Outcome, Report};
 
 /// The condition a major upgrade is reported in.
@@ -188,8 +189,15 @@ pub fn step(facts: &Facts) -> Step {
                     next.method = outcome.method.map(method_name).or(next.method);
                     if *succeeded && outcome.outcome == Outcome::Upgraded {
                         next.phase = STARTING.to_owned();
+                        let sync = if crate::operator::build::synchronous(cluster) {
+                            "; it takes writes as soon as it serves, before the replicas are \
+                             copied from it: until one streams, commits wait for no standby \
+                             (SynchronousReplication says when the quorum is back)"
+                        } else {
+                            ""
+                        };
                         next.message = Some(format!(
-                            "pg_upgrade --{} took {:.1}s; starting PostgreSQL {} on {}",
+                            "pg_upgrade --{} took {:.1}s; starting PostgreSQL {} on {}{sync}",
                             next.method.as_deref().unwrap_or("copy"),
                             outcome.seconds,
                             upgrade.to,
@@ -320,6 +328,26 @@ pub fn step(facts: &Facts) -> Step {
             let rollback_asked = kept
                 && cluster.spec.version == upgrade.from
                 && upgrade.generation != cluster.metadata.generation;
+            if rollback_asked && facts.primary != upgrade.instance {
+                // The kept data is on the volume of the instance that was primary
+                // when the upgrade ran; rolled back anywhere else, the primary would
+                // come back on another instance's data.
+                step.condition = Some(Assessment::new(
+                    false,
+                    "RollbackWaiting",
+                    format!(
+                        "the rollback to {} waits: the data kept from before the upgrade is \
+                         on {}'s volume, but {} is the primary since a failover; switch over \
+                         first (kubectl annotate dbc {} {SWITCHOVER}={})",
+                        upgrade.from,
+                        upgrade.instance,
+                        facts.primary,
+                        cluster.metadata.name.as_deref().unwrap_or_default(),
+                        upgrade.instance
+                    ),
+                ));
+                return step;
+            }
             if rollback_asked {
                 let mut next = upgrade.clone();
                 next.phase = ROLLING_BACK.to_owned();
@@ -907,6 +935,32 @@ mod tests {
         // Not tried again for the same spec.
         rolling.status.as_mut().expect("status").upgrade = refused.status;
         assert_eq!(phase(&step(&facts(&rolling))), Some(SUCCEEDED));
+    }
+
+    #[test]
+    fn a_rollback_after_a_failover_waits_for_the_kept_data_s_instance_to_be_primary() {
+        let mut succeeded = upgrade(SUCCEEDED);
+        succeeded.previous = Some(KEPT.into());
+        succeeded.previous_kept_until = Some("2027-01-16T08:00:00Z".into());
+        let mut cluster = cluster("15", 3, Some(succeeded));
+        cluster.status.as_mut().expect("status").version = Some("18".into());
+        let waiting = step(&Facts {
+            primary: "db-3".into(),
+            ..facts(&cluster)
+        });
+        assert_eq!(phase(&waiting), Some(SUCCEEDED));
+        assert!(!waiting.hold_instances && !waiting.stop_instances);
+        let condition = waiting.condition.expect("a condition");
+        assert_eq!(condition.reason, "RollbackWaiting");
+        assert!(
+            condition
+                .message
+                .contains("castellan.io/switchover-to=db-2"),
+            "{}",
+            condition.message
+        );
+        // Switched over: it goes.
+        assert_eq!(phase(&step(&facts(&cluster))), Some(ROLLING_BACK));
     }
 
     #[test]
