@@ -4,7 +4,8 @@
 //! every instance on 18 and streaming; then rolled back inside the window to the kept
 //! 15 data, losing the writes made on 18. And an upgrade whose pre-flight fails (an
 //! extension 18 no longer has) that leaves the cluster on 15 with its data and says
-//! why, then goes through with `--copy` once the user fixed it.
+//! why, then goes through with `--copy` once the user fixed it, its old data removed at
+//! once (`keepPreviousFor: 0s`) and no way back.
 
 mod support;
 
@@ -17,9 +18,9 @@ use support::cluster::{
     events, events_with, instance_addresses, jsonpath, phase_and_ready, secret_value,
     server_versions, try_superuser, wait_for, wait_for_catalog,
 };
-use support::faults::reported_roles;
+use support::faults::{reported_roles, volume_path};
 use support::postgres::connect;
-use support::{TestNamespace, client, kubectl_ok};
+use support::{TestNamespace, client, kubectl, kubectl_ok};
 
 const UPGRADE_OPERATORS: [&str; 2] = ["127.0.76.1:8080", "127.0.76.2:8080"];
 const PREFLIGHT_OPERATOR: &str = "127.0.76.3:8080";
@@ -288,7 +289,14 @@ async fn a_failed_pre_flight_keeps_fifteen_and_its_data_then_the_fixed_cluster_u
     let logs = vec![operator.log.clone()];
     let diagnostics = || describe(&ns, &logs);
     wait_for_catalog(&ns, diagnostics);
-    apply_cluster(&ns, "old", 1, &volumes.class, SUPERUSER_ACCESS);
+    // No rollback window: the old data goes as soon as the upgrade succeeded.
+    apply_cluster(
+        &ns,
+        "old",
+        1,
+        &volumes.class,
+        &format!("{SUPERUSER_ACCESS}  upgrade: {{keepPreviousFor: 0s}}\n"),
+    );
     wait_for(
         "the cluster of 15 is Ready",
         Duration::from_secs(180),
@@ -375,6 +383,42 @@ async fn a_failed_pre_flight_keeps_fifteen_and_its_data_then_the_fixed_cluster_u
         .expect("server_version");
     assert!(version.starts_with("18."), "{version}");
     assert_eq!(count(&mut superuser, "kept").await, 1000);
+    drop(superuser);
+
+    // keepPreviousFor 0s: the old data is removed at once, and there is no way back.
+    wait_for(
+        "the old data is removed",
+        Duration::from_secs(60),
+        || upgrade_field(&ns, "old", "previous") == "Removed",
+        diagnostics,
+    );
+    assert!(!events(&ns, "PreviousDataRemoved").is_empty());
+    let volume = volume_path(&ns, "old-1");
+    assert!(volume.join("pgdata").join("PG_VERSION").exists());
+    assert!(
+        !volume.join("pgdata-previous").exists(),
+        "the space is reclaimed: {}",
+        volume.display()
+    );
+    let refused = kubectl(&[
+        "patch",
+        "dbc",
+        "old",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"version":"15"}}"#,
+    ]);
+    assert!(
+        !refused.status.success(),
+        "no rollback without the old data"
+    );
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("version cannot be lowered from 18 to 15"),
+        "{said}"
+    );
     drop(operator);
     drop(volumes);
 }
