@@ -5,7 +5,9 @@
 //! tools and PostgreSQL 15 (today's operator runs database pods from it); each
 //! instance image runs `castellan instance`, has PostgreSQL's whole tool set of the
 //! right major on PATH, initialises a data directory as postgres (uid 26) and was
-//! built with OpenSSL.
+//! built with OpenSSL. And a major upgrade runs as the upgrade pod runs it: `upgrade
+//! export` in the 15 image (bookworm), `upgrade run` in the 18 image (forky) on the same
+//! volume, the 18 server on the result.
 //!
 //! The images are built from the dev-profile binary these tests come with (a release
 //! build would add a cold release compile to `make test`); `make images` builds the same
@@ -82,8 +84,13 @@ impl Bundle {
             })
             .unwrap_or_else(|| panic!("build.sh printed no {image}.oci.tar: {:?}", archives()))
             .clone();
-        let dir =
-            std::env::temp_dir().join(format!("castellan-image-{image}-{}", std::process::id()));
+        // Tests run side by side, two of them on one image: a directory each.
+        static UNPACKED: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "castellan-image-{image}-{}-{}",
+            std::process::id(),
+            UNPACKED.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         let layout = dir.join("layout");
         std::fs::create_dir_all(&layout).expect("creating the bundle directory");
@@ -113,11 +120,28 @@ impl Bundle {
         Bundle { dir, config }
     }
 
-    /// Runs `args` in a new container of this bundle as `uid:gid`, with runc, and
-    /// returns what it printed (stdout, then stderr) and whether it exited 0.
-    fn run(&self, uid: u32, gid: u32, args: &[&str]) -> (bool, String) {
+    /// Runs `args` in a new container of this bundle as `uid:gid`, with runc, host
+    /// directories bind-mounted (read-write) at the paths paired with them as a pod's
+    /// volumes, and returns what it printed (stdout, then stderr) and whether it exited 0.
+    fn run_mounted(
+        &self,
+        uid: u32,
+        gid: u32,
+        args: &[&str],
+        mounts: &[(&Path, &str)],
+    ) -> (bool, String) {
         static RUNS: AtomicU32 = AtomicU32::new(0);
         let mut config = self.config.clone();
+        if let Some(list) = config["mounts"].as_array_mut() {
+            for (source, destination) in mounts {
+                list.push(json!({
+                    "destination": destination,
+                    "type": "bind",
+                    "source": path(source),
+                    "options": ["rbind", "rw"],
+                }));
+            }
+        }
         config["process"]["args"] = json!(args);
         config["process"]["user"] = json!({"uid": uid, "gid": gid});
         config["process"]["terminal"] = json!(false);
@@ -159,9 +183,20 @@ impl Bundle {
         (output.status.success(), text)
     }
 
-    /// Like `run`, failing the test unless the command succeeded; returns its output.
+    /// Like `run_mounted` without volumes, failing the test unless the command
+    /// succeeded; returns its output.
     fn run_ok(&self, uid: u32, gid: u32, args: &[&str]) -> String {
-        let (ok, text) = self.run(uid, gid, args);
+        self.run_mounted_ok(uid, gid, args, &[])
+    }
+
+    fn run_mounted_ok(
+        &self,
+        uid: u32,
+        gid: u32,
+        args: &[&str],
+        mounts: &[(&Path, &str)],
+    ) -> String {
+        let (ok, text) = self.run_mounted(uid, gid, args, mounts);
         assert!(
             ok,
             "{} as {uid}:{gid} failed in the container: {text}",
@@ -325,4 +360,172 @@ fn runs_postgresql(image: &Bundle, name: &str, major: &str) {
         out.contains("ssl_library OpenSSL\n"),
         "{name} was built with OpenSSL: {out}"
     );
+}
+
+/// A major upgrade as the upgrade pod runs it, in the real images: bookworm's 15
+/// initialises and fills a cluster on a volume, `castellan upgrade export` in the 15
+/// image copies its installation into a directory both containers mount at /old,
+/// `castellan upgrade run` in forky's 18 image runs pg_upgrade there with the old
+/// programs, and the 18 server starts on the result with the rows intact. The 18 image
+/// lacks the libraries bookworm's 15 links (libicu72, libxml2.so.2, libldap-2.5 …): the
+/// old programs run with the ones `export` copied, and with nothing else.
+#[test]
+fn postgresql_15_data_is_upgraded_to_18_across_the_images() {
+    let started = std::time::Instant::now();
+    let (old, new) = (Bundle::unpack("pg15"), Bundle::unpack("pg18"));
+    let scratch = Scratch::new("upgrade");
+    let (volume, shared) = (scratch.0.join("volume"), scratch.0.join("old"));
+    for dir in [&volume, &shared] {
+        std::fs::create_dir_all(dir).expect("creating the pod's volumes");
+        std::os::unix::fs::chown(dir, Some(POSTGRES_ID), Some(POSTGRES_ID))
+            .expect("chown to postgres");
+    }
+    let mount = "/var/lib/postgresql/data";
+    let mounts = [(volume.as_path(), mount), (shared.as_path(), "/old")];
+    let (id, gid) = (POSTGRES_ID, POSTGRES_ID);
+    let pgdata = format!("{mount}/pgdata");
+    // A server on a socket only, its rows counted, then stopped cleanly (the operator
+    // stops the primary with a fast shutdown before the upgrade pod runs).
+    let with_server = |sql: &str| {
+        format!(
+            "set -e; \
+             pg_ctl --pgdata {pgdata} --wait --silent --log /tmp/server.log \
+             --options \"-c listen_addresses='' -c unix_socket_directories=/tmp\" start; \
+             psql --host /tmp --username postgres --dbname postgres --no-psqlrc --quiet \
+             --tuples-only --no-align --set ON_ERROR_STOP=1 --command \"{sql}\"; \
+             pg_ctl --pgdata {pgdata} --wait --silent --mode fast stop"
+        )
+    };
+    let rows = "SELECT count(*), sum(id), current_setting('server_version_num') FROM orders";
+    // The 15 of this image (15.20-0+deb12u1) stores an attribute option `pg_attver=<n>`
+    // on every column made by DDL, which 18.6's pg_dump carries into the new cluster and
+    // its server refuses (`unrecognized parameter "pg_attver"`; RESET does not remove
+    // it): an incompatibility of these two builds, not of the libraries this test is
+    // about. Removed from the table by hand until it is dealt with (docs/upgrade-pod.md).
+    const PG_ATTVER: &str =
+        "UPDATE pg_attribute SET attoptions = NULL WHERE attrelid = 'orders'::regclass;";
+
+    // The 15 cluster, as the instance manager's initdb makes it.
+    let script = format!(
+        "set -e; echo secret >/tmp/pw; \
+         initdb --pgdata {pgdata} --username postgres --pwfile /tmp/pw --auth-local trust \
+         --auth-host scram-sha-256 --data-checksums --encoding UTF8 --locale C >/dev/null; {}",
+        with_server(&format!(
+            "CREATE TABLE orders AS SELECT g AS id, md5(g::text) AS note \
+             FROM generate_series(1, 10000) AS g; {PG_ATTVER} {rows}"
+        ))
+    );
+    let before = old.run_mounted_ok(id, gid, &["sh", "-c", &script], &mounts);
+    assert!(
+        before
+            .lines()
+            .any(|line| line.starts_with("10000|50005000|15")),
+        "the 15 cluster's rows: {before}"
+    );
+
+    // The init container: the old image's installation and its libraries into /old.
+    let said = old.run_mounted_ok(
+        id,
+        gid,
+        &[
+            "/usr/local/bin/castellan",
+            "upgrade",
+            "export",
+            "--to",
+            "/old",
+        ],
+        &mounts,
+    );
+    let exported = report(&said);
+    assert_eq!(exported["outcome"], "exported", "{said}");
+    eprintln!("export: {}", exported["message"]);
+    assert!(
+        shared.join("lib/libicuuc.so.72").is_file(),
+        "bookworm's ICU is among the copied libraries: {said}"
+    );
+    assert!(
+        !shared.join("lib/libc.so.6").exists(),
+        "glibc's own libraries are the new image's"
+    );
+
+    // What the export's libraries are for: the copied postgres does not start in the 18
+    // image on that image's libraries.
+    let (ok, said) = new.run_mounted(
+        id,
+        gid,
+        &["/old/usr/lib/postgresql/15/bin/postgres", "--version"],
+        &mounts,
+    );
+    assert!(
+        !ok && said.contains("error while loading shared libraries"),
+        "bookworm's postgres in the forky image without its libraries: {said}"
+    );
+
+    // The main container: pg_upgrade in the new image.
+    let said = new.run_mounted_ok(
+        id,
+        gid,
+        &[
+            "sh",
+            "-c",
+            "echo secret >/tmp/pw && exec /usr/local/bin/castellan upgrade run \
+             --data /var/lib/postgresql/data --old-bindir-file /old/bindir --from 15 --to 18 \
+             --superuser-password-file /tmp/pw",
+        ],
+        &mounts,
+    );
+    let outcome = report(&said);
+    assert_eq!(outcome["outcome"], "upgraded", "{said}");
+    assert_eq!(
+        outcome["method"], "copy",
+        "the scratch volume is not btrfs: {said}"
+    );
+
+    // The instance on the new image: PostgreSQL 18 with the same rows.
+    let after = new.run_mounted_ok(id, gid, &["sh", "-c", &with_server(rows)], &mounts);
+    let line = after
+        .lines()
+        .find(|line| line.starts_with("10000|50005000|"))
+        .unwrap_or_else(|| panic!("the upgraded cluster's rows: {after}"));
+    let version: u32 = line
+        .rsplit('|')
+        .next()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("server_version_num in {line}"));
+    assert!(version >= 180_000, "server_version_num {version}");
+    eprintln!(
+        "15 → 18 across the images in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The report `castellan upgrade` printed: its last line of JSON.
+fn report(output: &str) -> Value {
+    output
+        .lines()
+        .rev()
+        .find_map(|line| {
+            serde_json::from_str::<Value>(line)
+                .ok()
+                .filter(|v| v.get("outcome").is_some())
+        })
+        .unwrap_or_else(|| panic!("no report in: {output}"))
+}
+
+/// A scratch directory of the host, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("castellan-images-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

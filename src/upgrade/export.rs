@@ -11,6 +11,10 @@
 //! that, `--pkglibdir` and `--sharedir`); an installation without one (the dev nodes'
 //! composed 18, which leaves it out) is taken to be relocatable: its bin directory's
 //! parent. Modes and symlinks are kept.
+//!
+//! The new image's container runs these programs, and its operating system may not have
+//! their libraries: the libraries they need (but glibc's own) are copied too, into
+//! `DIR/lib` (`libraries`), and `upgrade run` runs the old programs with them.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +22,8 @@ use anyhow::{Context, bail};
 
 use crate::instance::bootstrap::{self, Binaries};
 use crate::instance::version;
+
+use super::libraries::{self, LIBRARIES_DIR};
 
 /// The file in the target directory that names the copied bin directory.
 pub const BINDIR_FILE: &str = "bindir";
@@ -41,14 +47,17 @@ pub async fn export(target: &Path, bin_dir: Option<&Path>) -> anyhow::Result<Str
     let roots = installation(&bin_dir).await?;
     let copied_bin_dir = under(target, &bin_dir);
     let bindir_file = target.join(BINDIR_FILE);
+    let libraries_dir = target.join(LIBRARIES_DIR);
     let named = copied_bin_dir.to_string_lossy().into_owned();
     // Idempotent: a finished export (the bindir file is written last) is kept.
-    if tokio::fs::read_to_string(&bindir_file)
+    let libraries = if tokio::fs::read_to_string(&bindir_file)
         .await
         .is_ok_and(|text| text.trim() == named)
         && copied_bin_dir.join("postgres").exists()
+        && libraries_dir.is_dir()
     {
         tracing::info!(target = %target.display(), "export: done already");
+        None
     } else {
         let _ = tokio::fs::remove_file(&bindir_file).await;
         for root in &roots {
@@ -69,17 +78,37 @@ pub async fn export(target: &Path, bin_dir: Option<&Path>) -> anyhow::Result<Str
             .await
             .context("copying the installation")??;
         }
-        // The copy must run where it is: its libraries found, its share directory
-        // where its bin directory expects it.
+        // Found where the loader finds them, in this image: from the originals.
+        let (from, to) = (roots.clone(), libraries_dir.clone());
+        let (count, bytes) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let closure = libraries::closure(&from)
+                .context("finding the libraries the installation's programs need")?;
+            let bytes = libraries::copy(&closure, &to)?;
+            Ok((closure.len(), bytes))
+        })
+        .await
+        .context("copying the libraries")??;
+        tracing::info!(count, bytes, to = %libraries_dir.display(), "export: copied the libraries");
+        // The copy must run where it is, with the copied libraries first as in the new
+        // image: its share directory where its bin directory expects it.
         let copied = Binaries {
             bin_dir: Some(copied_bin_dir.clone()),
         };
-        let copied_release = version::release(&copied).await.with_context(|| {
-            format!(
-                "running the copied {}/postgres --version",
-                copied_bin_dir.display()
+        let copied_release = copied
+            .run(
+                "postgres",
+                &["--version"],
+                &[("LD_LIBRARY_PATH", libraries_dir.as_path())],
             )
-        })?;
+            .await
+            .map(|output| version::release_of(&output).unwrap_or_else(|| output.trim().to_owned()))
+            .with_context(|| {
+                format!(
+                    "running the copied {}/postgres --version with {} as its library path",
+                    copied_bin_dir.display(),
+                    libraries_dir.display()
+                )
+            })?;
         if copied_release != release {
             bail!(
                 "the copy in {} says PostgreSQL {copied_release}, the original {release}",
@@ -89,13 +118,22 @@ pub async fn export(target: &Path, bin_dir: Option<&Path>) -> anyhow::Result<Str
         bootstrap::write_atomically(&bindir_file, &format!("{named}\n"), 0o644)
             .await
             .with_context(|| format!("writing {}", bindir_file.display()))?;
-    }
+        Some((count, bytes))
+    };
     let roots: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    let libraries = libraries.map_or_else(String::new, |(count, bytes)| {
+        format!(
+            " and the {count} libraries its programs need ({} MB)",
+            bytes / 1_000_000
+        )
+    });
     Ok(format!(
-        "copied PostgreSQL {release} ({}) into {}; {} names its programs' directory, {named}",
+        "copied PostgreSQL {release} ({}){libraries} into {}; {} names its programs' \
+         directory, {named}; {} holds the libraries",
         roots.join(", "),
         target.display(),
-        bindir_file.display()
+        bindir_file.display(),
+        libraries_dir.display()
     ))
 }
 

@@ -16,6 +16,7 @@
 
 mod export;
 pub mod layout;
+mod libraries;
 pub mod preflight;
 pub mod report;
 mod shell;

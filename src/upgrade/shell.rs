@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 
 use super::layout::{Holds, Layout, RollbackPlan, Seen, UpgradePlan, forget_refusal};
 use super::layout::{plan_rollback, plan_upgrade};
+use super::libraries::{self, LIBRARIES_DIR, PROGRAMS_DIR};
 use super::preflight;
 use super::report::{Method, Outcome, Record, Report};
 use crate::instance::bootstrap::{self, Binaries, BootstrapError};
@@ -116,8 +117,9 @@ async fn build(settings: &RunSettings<'_>, started: Instant) -> Result<Method, F
         )
         .into());
     }
+    let old_programs = old_programs(settings.old_bindir_file).await?;
     let old = Binaries {
-        bin_dir: Some(old_bindir(settings.old_bindir_file).await?),
+        bin_dir: Some(old_programs.clone()),
     };
     check_binaries(&old, "old", from).await?;
     // A primary whose lease ended while no operator renewed it (one being replaced,
@@ -154,7 +156,7 @@ async fn build(settings: &RunSettings<'_>, started: Instant) -> Result<Method, F
         method: Some(method),
         error,
     };
-    let result = build_next(settings, method, &control).await;
+    let result = build_next(settings, &old_programs, method, &control).await;
     if let Err(error) = result {
         // pgdata-next is only ever made again; pgdata was only read.
         if let Err(cleanup) = remove_next(layout).await {
@@ -180,6 +182,7 @@ async fn build(settings: &RunSettings<'_>, started: Instant) -> Result<Method, F
 
 async fn build_next(
     settings: &RunSettings<'_>,
+    old_programs: &Path,
     method: Method,
     control: &preflight::Control,
 ) -> anyhow::Result<()> {
@@ -204,10 +207,9 @@ async fn build_next(
     let sockets = layout.sockets();
     private_dir(&sockets).await?;
     let outcome = async {
-        let old_bindir = old_bindir(settings.old_bindir_file).await?;
         for check in [true, false] {
             tracing::info!(check, method = method.flag(), "upgrade: running pg_upgrade");
-            pg_upgrade(settings, &old_bindir, method, check).await?;
+            pg_upgrade(settings, old_programs, method, check).await?;
         }
         anyhow::Ok(())
     }
@@ -579,6 +581,24 @@ async fn old_bindir(file: &Path) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(dir)
+}
+
+/// The old programs as this container runs them: the directory of scripts
+/// (`DIR/programs`, beside the bindir file) that run each program `export` copied with
+/// the libraries it copied (`DIR/lib`) on its library path. It is the old bindir for
+/// this process and for pg_upgrade, which passes its environment on to every program it
+/// starts, the new ones too; so the old libraries are named in the scripts only.
+async fn old_programs(file: &Path) -> anyhow::Result<PathBuf> {
+    let bin_dir = old_bindir(file).await?;
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    let (libraries, programs) = (dir.join(LIBRARIES_DIR), dir.join(PROGRAMS_DIR));
+    let written = programs.clone();
+    let count =
+        tokio::task::spawn_blocking(move || libraries::wrap(&bin_dir, &libraries, &written))
+            .await
+            .context("writing the old programs' scripts")??;
+    tracing::info!(count, programs = %programs.display(), "upgrade: the old programs run with their own image's libraries");
+    Ok(programs)
 }
 
 /// Refuses binaries of another major than `expected` (or none at all).
