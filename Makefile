@@ -23,7 +23,7 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel s3 helm postgres build up down crds manifests check deny test bench bench-storage bench-failover bench-backup images images-base
+.PHONY: help deps controlplane otel s3 helm postgres build up down crds manifests check deny test bench bench-storage bench-failover bench-backup bench-upgrade images images-base
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
@@ -39,6 +39,8 @@ help:
 	@echo "make bench-storage  time disk hotplug → BlockDevice → pool growth on the make up cluster"
 	@echo "make bench-backup    base backup throughput as a ratio of a raw read and of pg_basebackup, zstd vs lz4, restore time (>1 GiB) on its own cluster"
 	@echo "make bench-failover  seconds until writes work again after a killed postgres, a lost node, a switchover; rows lost (sync/async) on its own cluster (BENCH_FAULTS, default 10)"
+	@echo "make bench-upgrade   write downtime of a 15 → 18 major upgrade (pg_upgrade --clone on btrfs) of a ~100 MB and a ~2 GB database, its phases,"
+	@echo "                     the space the kept old data takes, and the downtime of a minor update 18.3 → 18.4, on its own cluster (~12 min)"
 
 deps:
 	@deploy/local/deps.sh
@@ -160,3 +162,10 @@ bench-backup: controlplane s3
 bench-failover: controlplane
 	cargo bench --profile dev -p castellan --bench failover --no-run
 	bench/local_cluster.sh cargo bench --profile dev -p castellan --bench failover
+
+# PostgreSQL 18.3 and 18.4 for the minor update (postgres). BENCH_UPGRADE_RUNS
+# (scale:instances,…; default 7:3,135:3) chooses the major upgrades (bench/upgrade.rs);
+# BENCH_DEV_DIR and BENCH_PORT_BASE move its cluster (bench/local_cluster.sh).
+bench-upgrade: controlplane postgres
+	cargo bench --profile dev -p castellan --bench upgrade --no-run
+	bench/local_cluster.sh cargo bench --profile dev -p castellan --bench upgrade

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmarks' own local cluster: control plane and 3 process-backed nodes with their
-# state in .dev/bench and port base 56000, so that a benchmark runs beside `make up`
+# state in .dev/bench and port base 56000 (unless moved: below), so that a benchmark runs beside `make up`
 # (16000) and `make test` (26000) and neither measures nor disturbs their clusters.
 #
 #   bench/local_cluster.sh COMMAND...   bring it up, run COMMAND against it, tear it
@@ -11,9 +11,16 @@
 #
 # Either way CASTELLAN_DEV_DIR, CASTELLAN_PORT_BASE (what deploy/local/*.sh and
 # tests/support read) and CASTELLAN_KUBECONFIG are exported for the cluster.
+#
+# Two benchmarks at once (or a benchmark beside another bench cluster) need a state
+# directory and a port base each: BENCH_DEV_DIR and BENCH_PORT_BASE (36000 or 46000; the
+# port base also picks the cluster's loopback ranges, deploy/local/network.sh) move this
+# one. They are not read from CASTELLAN_DEV_DIR / CASTELLAN_PORT_BASE, which a shell
+# that works with `make up`'s cluster may have set: the benchmark would tear that down.
 
 bench_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export CASTELLAN_DEV_DIR="$bench_repo/.dev/bench" CASTELLAN_PORT_BASE=56000
+export CASTELLAN_DEV_DIR="${BENCH_DEV_DIR:-$bench_repo/.dev/bench}"
+export CASTELLAN_PORT_BASE="${BENCH_PORT_BASE:-56000}"
 export CASTELLAN_KUBECONFIG="$CASTELLAN_DEV_DIR/kubeconfig"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/castellan/target}"
 
