@@ -24,7 +24,8 @@
 //! dlopen by a library (OpenSSL's providers, SASL and Kerberos plugins, NSS modules)
 //! are not followed: pg_upgrade's old server runs without TLS and with local trust
 //! connections only. PostgreSQL's own modules (`pkglibdir`, dlopened by the server)
-//! are ELF files of the installation, so theirs are followed (llvmjit.so's LLVM too).
+//! are ELF files of the installation, so theirs are followed, but for the JIT provider's
+//! ([`is_jit_provider`]: the old server runs with `jit=off`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -279,6 +280,15 @@ fn files_under(root: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// PostgreSQL's JIT provider (`llvmjit.so`), whose LLVM (and z3) are three quarters
+/// of what the old installation would need: pg_upgrade's old server runs with
+/// `jit=off` (`upgrade run`), so it is never loaded, and its libraries are not copied.
+fn is_jit_provider(file: &Path) -> bool {
+    file.file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.starts_with("llvmjit") && name.ends_with(".so"))
+}
+
 /// The libraries the ELF files under `roots` need, directly or through each other,
 /// glibc's own left out: each name as needed, with the file the loader would open in
 /// this image. Every name must be found.
@@ -296,7 +306,7 @@ pub fn closure(roots: &[PathBuf]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
         files_under(root, &mut files)?;
     }
     let mut pending = Vec::new();
-    for file in files {
+    for file in files.into_iter().filter(|file| !is_jit_provider(file)) {
         if let Some(dynamic) = read_object(&file)? {
             pending.push((file, dynamic));
         }
@@ -505,6 +515,19 @@ mod tests {
         assert!(matches("*.conf", ".conf"));
         assert!(!matches("*.conf", "libc.conf.bak"));
         assert!(matches("lib*", "lib"));
+    }
+
+    #[test]
+    fn the_jit_providers_libraries_are_not_followed() {
+        assert!(is_jit_provider(Path::new(
+            "/usr/lib/postgresql/15/lib/llvmjit.so"
+        )));
+        assert!(!is_jit_provider(Path::new(
+            "/usr/lib/postgresql/15/lib/llvmjit_types.bc"
+        )));
+        assert!(!is_jit_provider(Path::new(
+            "/usr/lib/postgresql/15/lib/plpgsql.so"
+        )));
     }
 
     #[test]

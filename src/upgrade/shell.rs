@@ -282,9 +282,10 @@ async fn pg_upgrade(
         &*jobs,
         // The old server as pg_upgrade starts it: without TLS (the certificates are
         // the instance's, not the upgrade pod's), without archiving (nothing listens
-        // on the instance manager's archive socket) and without waiting for standbys.
+        // on the instance manager's archive socket), without waiting for standbys, and
+        // without JIT (export left out the JIT provider's LLVM, libraries::is_jit_provider).
         "--old-options",
-        "-c ssl=off -c archive_mode=off -c synchronous_standby_names=''",
+        "-c ssl=off -c archive_mode=off -c synchronous_standby_names='' -c jit=off",
         method.flag(),
     ];
     if check {
