@@ -48,8 +48,8 @@ use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, describe, instance_addresses, jsonpath, phase_and_ready,
-    secret_value, wait_for,
+    LocalVolumes, Operator, apply_cluster, delete_cluster, describe, instance_addresses, jsonpath,
+    phase_and_ready, secret_value, wait_for,
 };
 use support::faults::{
     Outage, Writer, missing_on, node, node_of, postmaster_pid, postmaster_started, signal,
@@ -478,31 +478,6 @@ fn save_events(ns: &str, name: &str) {
     }
 }
 
-/// Deletes a cluster and waits until its pods are gone, so that the next one is measured
-/// on machines that run nothing else.
-fn remove(ns: &str, name: &str) {
-    kubectl_ok(&["delete", "dbc", name, "-n", ns, "--timeout=120s"]);
-    wait_for(
-        &format!("{name}'s pods gone"),
-        Duration::from_secs(120),
-        || {
-            kubectl_ok(&[
-                "get",
-                "pods",
-                "-n",
-                ns,
-                "-l",
-                &format!("castellan.io/cluster={name}"),
-                "-o",
-                "name",
-            ])
-            .trim()
-            .is_empty()
-        },
-        String::new,
-    );
-}
-
 /// `HH:MM:SS.mmm` UTC, to find a sample among the Events and logs.
 fn utc_time(time: SystemTime) -> String {
     let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -671,7 +646,7 @@ async fn main() -> std::process::ExitCode {
         all.push(sync.series(Fault::Switchover, faults).await);
         drop(sync);
         save_events(&ns, "shop-sync");
-        remove(&ns, "shop-sync");
+        delete_cluster(&ns, "shop-sync");
     }
     {
         let volumes = LocalVolumes::create("bench-async", 1);
@@ -679,7 +654,7 @@ async fn main() -> std::process::ExitCode {
         all.push(asynchronous.series(Fault::StopNode, faults).await);
         drop(asynchronous);
         save_events(&ns, "shop-async");
-        remove(&ns, "shop-async");
+        delete_cluster(&ns, "shop-async");
     }
 
     let durable = report(&all, faults);

@@ -45,7 +45,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -56,14 +55,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, LogParams};
 
 use support::cluster::{
-    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster_of, apply_manifest, describe,
-    instance_addresses, jsonpath, phase_and_ready, secret_value, server_versions,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster_of, apply_manifest, delete_cluster,
+    describe, instance_addresses, jsonpath, phase_and_ready, secret_value, server_versions,
     set_catalog_image, try_superuser, wait_for, wait_for_catalog,
 };
-use support::disks::{Btrfs, MIB, run};
+use support::disks::{MIB, run};
 use support::faults::{Writer, reported_roles, volume_path};
-use support::postgres::postgres_ids;
-use support::{TestNamespace, client, kubectl, kubectl_ok};
+use support::{TestNamespace, client, kubectl_ok};
 
 /// The operator's metrics address: beside bench/failover.rs's (127.0.63.2) and
 /// bench/backup.rs's (127.0.63.3).
@@ -78,82 +76,6 @@ const CLUSTER_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn seconds(duration: Duration) -> f64 {
     duration.as_secs_f64()
-}
-
-/// Local PersistentVolumes, one on each of the three nodes, as directories on one btrfs
-/// filesystem of their own; their StorageClass; all removed when dropped. A copy of
-/// `LocalVolumes::create_on_btrfs` with the filesystem's size and the volumes' capacity
-/// chosen: that one's 4 GiB filesystem does not hold three copies of a 2 GB database.
-struct BtrfsVolumes {
-    class: String,
-    names: Vec<String>,
-    root: PathBuf,
-    btrfs: Option<Btrfs>,
-}
-
-impl BtrfsVolumes {
-    fn create(prefix: &str, filesystem_bytes: u64, capacity: &str) -> Self {
-        let class = format!("{prefix}-{}", std::process::id());
-        let root = PathBuf::from(format!("/tmp/{class}"));
-        let btrfs = Btrfs::mount(&root, filesystem_bytes);
-        let (uid, gid) = postgres_ids();
-        let mut manifests = format!(
-            "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: {class}}}\n\
-             provisioner: kubernetes.io/no-provisioner\nvolumeBindingMode: WaitForFirstConsumer\n"
-        );
-        let mut names = Vec::new();
-        for node in 1..=3 {
-            let dir = root.join(format!("node-{node}"));
-            std::fs::create_dir_all(&dir).expect("volume directory");
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-            run("chown", &[&format!("{uid}:{gid}"), &dir.to_string_lossy()]);
-            let name = format!("{class}-node-{node}");
-            manifests.push_str(&format!(
-                "---\napiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  \
-                 capacity: {{storage: {capacity}}}\n  accessModes: [ReadWriteOnce]\n  \
-                 persistentVolumeReclaimPolicy: Retain\n  storageClassName: {class}\n  \
-                 local: {{path: {}}}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      \
-                 - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [node-{node}]}}]\n",
-                dir.display()
-            ));
-            names.push(name);
-        }
-        let file = std::env::temp_dir().join(format!("{class}.yaml"));
-        std::fs::write(&file, manifests).expect("writing manifests");
-        kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
-        let _ = std::fs::remove_file(&file);
-        Self {
-            class,
-            names,
-            root,
-            btrfs: Some(btrfs),
-        }
-    }
-
-    /// Bytes of data the filesystem holds (`btrfs filesystem usage`, "Used"), after
-    /// writing out what is still in memory: its usage counts allocated extents.
-    fn used_bytes(&self) -> u64 {
-        let root = self.root.to_string_lossy();
-        run("btrfs", &["filesystem", "sync", &root]);
-        let usage = run("btrfs", &["filesystem", "usage", "-b", &root]);
-        usage
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("Used:"))
-            .and_then(|value| value.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no Used: in btrfs filesystem usage:\n{usage}"))
-    }
-}
-
-impl Drop for BtrfsVolumes {
-    fn drop(&mut self) {
-        for name in &self.names {
-            let _ = kubectl(&["delete", "pv", name, "--wait=false"]);
-        }
-        let _ = kubectl(&["delete", "storageclass", &self.class, "--wait=false"]);
-        // Unmounted, detached and its file removed: nothing to delete file by file.
-        drop(self.btrfs.take());
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
 }
 
 /// `btrfs filesystem du -s` of one directory, in bytes.
@@ -427,7 +349,8 @@ async fn major_upgrade(
     let database = u64::from(scale) * 16 * MIB;
     let filesystem = (3 * 2 * database + 3 * 1024 * MIB).max(4096 * MIB);
     let capacity = format!("{}Gi", (2 * database).div_ceil(1024 * MIB).max(1) * 2);
-    let volumes = BtrfsVolumes::create(&format!("bench-{cluster}"), filesystem, &capacity);
+    let volumes =
+        LocalVolumes::create_on_btrfs_sized(&format!("bench-{cluster}"), 1, filesystem, &capacity);
     // The volume's size sets how much WAL a slot may hold back (a quarter of it): too
     // small a claim would invalidate a replica's slot during the load.
     apply_manifest(
@@ -620,7 +543,7 @@ async fn major_upgrade(
         later_outages
     );
     drop(timeline);
-    remove(ns, cluster);
+    delete_cluster(ns, cluster);
     drop(volumes);
     Major {
         scale,
@@ -721,38 +644,13 @@ async fn minor_update(ns: &str, logs: &[PathBuf], cluster: &str) -> Minor {
         seconds(downtime),
         outages
     );
-    remove(ns, cluster);
+    delete_cluster(ns, cluster);
     drop(volumes);
     Minor {
         took,
         downtime,
         outages,
     }
-}
-
-/// Deletes a cluster and waits until its pods are gone, so that the next run is
-/// measured on nodes that run nothing else.
-fn remove(ns: &str, cluster: &str) {
-    kubectl_ok(&["delete", "dbc", cluster, "-n", ns, "--timeout=120s"]);
-    wait_for(
-        &format!("{cluster}'s pods gone"),
-        Duration::from_secs(120),
-        || {
-            kubectl_ok(&[
-                "get",
-                "pods",
-                "-n",
-                ns,
-                "-l",
-                &format!("castellan.io/cluster={cluster}"),
-                "-o",
-                "name",
-            ])
-            .trim()
-            .is_empty()
-        },
-        String::new,
-    );
 }
 
 fn report(majors: &[Major], minor: &Minor) -> bool {

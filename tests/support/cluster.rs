@@ -120,22 +120,49 @@ impl LocalVolumes {
     pub fn create(prefix: &str, per_node: u32) -> Self {
         let class = format!("{prefix}-{}", std::process::id());
         let root = PathBuf::from(format!("/tmp/{class}"));
-        Self::create_in(class, root, per_node, None)
+        Self::create_in(class, root, per_node, "2Gi", None)
     }
 
     /// [`LocalVolumes::create`] on a btrfs filesystem of their own (a loop device over a
     /// sparse file), as a StoragePool's volumes are: reflinks work there.
     pub fn create_on_btrfs(prefix: &str, per_node: u32) -> Self {
+        Self::create_on_btrfs_sized(prefix, per_node, 4 * 1024 * super::disks::MIB, "2Gi")
+    }
+
+    /// [`LocalVolumes::create_on_btrfs`] with the filesystem's size and the volumes'
+    /// capacity chosen (a benchmark's database may not fit the defaults).
+    pub fn create_on_btrfs_sized(
+        prefix: &str,
+        per_node: u32,
+        filesystem_bytes: u64,
+        capacity: &str,
+    ) -> Self {
         let class = format!("{prefix}-{}", std::process::id());
         let root = PathBuf::from(format!("/tmp/{class}"));
-        let btrfs = super::disks::Btrfs::mount(&root, 4 * 1024 * super::disks::MIB);
-        Self::create_in(class, root, per_node, Some(btrfs))
+        let btrfs = super::disks::Btrfs::mount(&root, filesystem_bytes);
+        Self::create_in(class, root, per_node, capacity, Some(btrfs))
+    }
+
+    /// Bytes the volumes' btrfs filesystem holds (`btrfs filesystem usage`, "Used"),
+    /// after writing out what is still in memory: its usage counts allocated extents.
+    /// Panics for volumes that are not on btrfs.
+    pub fn used_bytes(&self) -> u64 {
+        assert!(self.btrfs.is_some(), "{}: not on btrfs", self.class);
+        let root = self.root.to_string_lossy();
+        super::disks::run("btrfs", &["filesystem", "sync", &root]);
+        let usage = super::disks::run("btrfs", &["filesystem", "usage", "-b", &root]);
+        usage
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("Used:"))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no Used: in btrfs filesystem usage:\n{usage}"))
     }
 
     fn create_in(
         class: String,
         root: PathBuf,
         per_node: u32,
+        capacity: &str,
         btrfs: Option<super::disks::Btrfs>,
     ) -> Self {
         let (uid, gid) = postgres_ids();
@@ -159,7 +186,7 @@ impl LocalVolumes {
                 let name = format!("{class}-node-{node}-{volume}");
                 manifests.push_str(&format!(
                     "---\napiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  \
-                     capacity: {{storage: 2Gi}}\n  accessModes: [ReadWriteOnce]\n  \
+                     capacity: {{storage: {capacity}}}\n  accessModes: [ReadWriteOnce]\n  \
                      persistentVolumeReclaimPolicy: Retain\n  storageClassName: {class}\n  \
                      local: {{path: {}}}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      \
                      - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [node-{node}]}}]\n",
@@ -482,4 +509,21 @@ pub async fn server_versions(namespace: &str, cluster: &str) -> Vec<(String, Str
         versions.push((pod, version));
     }
     versions
+}
+
+/// Deletes a cluster and waits until its pods are gone, so that what comes next (a
+/// benchmark's next run) is measured on nodes that run nothing else.
+pub fn delete_cluster(ns: &str, name: &str) {
+    kubectl_ok(&["delete", "dbc", name, "-n", ns, "--timeout=120s"]);
+    let selector = format!("castellan.io/cluster={name}");
+    wait_for(
+        &format!("{name}'s pods gone"),
+        Duration::from_secs(120),
+        || {
+            kubectl_ok(&["get", "pods", "-n", ns, "-l", &selector, "-o", "name"])
+                .trim()
+                .is_empty()
+        },
+        String::new,
+    );
 }
