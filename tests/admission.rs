@@ -467,6 +467,12 @@ fn cases() -> Vec<Case> {
             "paths must be device paths under /dev/",
         ),
         case(
+            "allowWipe on every disk of every node",
+            StoragePool,
+            Create(json!({"devices": {"pathPattern": null, "nodes": null, "allowWipe": true}})),
+            "devices.allowWipe needs devices.pathPattern or devices.nodes",
+        ),
+        case(
             "node listed twice",
             StoragePool,
             Create(

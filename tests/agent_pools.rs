@@ -185,6 +185,8 @@ async fn create_pool(pools: &Api<StoragePool>, name: &str, group: &str, layout: 
         "metadata": { "name": name },
         "spec": {
             "nodeSelector": { "matchLabels": { "castellan.io/test-pools": group } },
+            // allowWipe (set later) needs a path filter or a node list.
+            "devices": { "pathPattern": "^/dev/loop[0-9]+$" },
             "layout": layout,
             "storageClass": { "name": name, "reclaimPolicy": "Delete" },
         }

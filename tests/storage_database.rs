@@ -16,7 +16,7 @@ use support::cluster::{Operator, describe, jsonpath};
 use support::disks::{Loops, MIB, run, sparse_file};
 use support::{TestNamespace, client, eventually, kubectl, kubectl_ok};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use castellan_crds::storage_pool::StoragePool;
@@ -34,6 +34,8 @@ struct Teardown {
     label: &'static str,
     dev: PathBuf,
     namespace: String,
+    /// The `/dev/disk/by-id` links the test made, as udev would.
+    links: Vec<PathBuf>,
 }
 
 impl Drop for Teardown {
@@ -47,6 +49,9 @@ impl Drop for Teardown {
             let _ = kubectl(&["label", "node", node, &format!("{}-", self.label)]);
             let mount = self.dev.join("pools").join(node).join(&self.pool);
             let _ = std::process::Command::new("umount").arg(&mount).status();
+        }
+        for link in &self.links {
+            let _ = std::fs::remove_file(link);
         }
         // Detached before their objects are deleted, or the agent would report them again.
         std::mem::take(&mut self.loops);
@@ -79,7 +84,22 @@ async fn single_pool(client: &kube::Client, teardown: &mut Teardown, default: bo
             teardown
                 .loops
                 .attach(&sparse_file(&dir, &format!("{pool_name}.img"), 1024 * MIB));
-        nodes.push(serde_json::json!({ "name": node, "paths": [path] }));
+        // Node 1's disk is listed by a /dev/disk/by-id link, as a user names a disk
+        // whose /dev/sdX may change; there is no udevd here, so the test makes the link
+        // as udev would (relative, to the loop device).
+        let listed = if node == NODES[0] {
+            let dir = Path::new("/dev/disk/by-id");
+            std::fs::create_dir_all(dir).expect("creating /dev/disk/by-id");
+            let link = dir.join(format!("castellan-test-{pool_name}-{node}"));
+            let _ = std::fs::remove_file(&link);
+            let target = Path::new("../..").join(path.trim_start_matches("/dev/"));
+            std::os::unix::fs::symlink(&target, &link).expect("linking the disk by id");
+            teardown.links.push(link.clone());
+            link.to_string_lossy().into_owned()
+        } else {
+            path
+        };
+        nodes.push(serde_json::json!({ "name": node, "paths": [listed] }));
         kubectl_ok(&[
             "label",
             "--overwrite",
@@ -138,6 +158,7 @@ async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
         label: "castellan.io/test-database",
         dev: dev.clone(),
         namespace: ns.clone(),
+        links: Vec::new(),
     };
 
     // One 1 GiB disk per node, a `single` pool on the three of them.
@@ -319,6 +340,7 @@ async fn a_cluster_without_a_class_uses_the_default_pool_and_a_missing_class_is_
         label: "castellan.io/test-default-class",
         dev: dev.clone(),
         namespace: ns.clone(),
+        links: Vec::new(),
     };
     // Not the default yet: first the operator must say that nothing can bind.
     single_pool(&client, &mut teardown, false).await;

@@ -36,6 +36,7 @@ pub struct StoragePoolSpec {
 
     /// Which disks on those nodes the pool may claim.
     #[serde(default)]
+    #[x_kube(validation = Rule::new("!has(self.allowWipe) || !self.allowWipe || has(self.pathPattern) || (has(self.nodes) && size(self.nodes) > 0)").message("devices.allowWipe needs devices.pathPattern or devices.nodes: it would otherwise let the pool wipe every disk that is not clearly empty on every node it spans"))]
     pub devices: DeviceFilter,
 
     /// Redundancy across a node's claimed disks. Immutable.
@@ -65,15 +66,17 @@ pub struct DeviceFilter {
     pub min_size: Option<String>,
 
     /// Explicit per-node lists of device paths; when given, only these disks are
-    /// considered on the nodes named.
+    /// considered on the nodes named. Removable media (USB sticks, SD cards) are only
+    /// ever taken when listed here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     // A map-list: the API server itself refuses a node named twice.
     #[schemars(length(max = 1000), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub nodes: Vec<NodeDevices>,
 
     /// Claim disks that are not clearly empty (partition tables, filesystems, RAID or
-    /// LVM signatures), destroying what is on them. Off by default; disks that are
-    /// mounted, in use, or hold the root filesystem are never touched.
+    /// LVM signatures), destroying what is on them. Off by default, and refused unless
+    /// `pathPattern` or `nodes` narrows the disks; disks that are mounted, in use, or
+    /// hold the root filesystem are never touched.
     #[serde(default)]
     pub allow_wipe: bool,
 }
@@ -85,7 +88,9 @@ pub struct NodeDevices {
     /// Node name.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
-    /// Device paths, such as `/dev/sdb` or `/dev/disk/by-id/wwn-0x5000c500a0b1c2d3`.
+    /// Device paths, such as `/dev/sdb`, or links to them as udev makes them:
+    /// `/dev/disk/by-id/wwn-0x5000c500a0b1c2d3`, `/dev/disk/by-path/…`,
+    /// `/dev/disk/by-uuid/…` (resolved on the node each time the pool is looked at).
     #[schemars(length(min = 1, max = 64))]
     #[x_kube(validation = Rule::new("self.all(p, p.startsWith('/dev/'))").message("devices.nodes[].paths must be device paths under /dev/"))]
     pub paths: Vec<DevicePath>,

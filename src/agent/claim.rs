@@ -30,6 +30,14 @@ pub struct Candidate<'a> {
     pub facts: DeviceFacts<'a>,
 }
 
+impl Candidate<'_> {
+    /// Whether a path a pool lists names this disk: its own path or one of udev's
+    /// links to it (`/dev/disk/by-id/…`).
+    fn is(&self, listed: &str) -> bool {
+        self.path == listed || self.facts.links.iter().any(|link| link == listed)
+    }
+}
+
 /// A disk the pool takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
@@ -184,7 +192,7 @@ pub fn decide(
     let mut missing_members = Vec::new();
 
     for candidate in candidates {
-        let named = listed.is_some_and(|paths| paths.iter().any(|path| path == candidate.path));
+        let named = listed.is_some_and(|paths| paths.iter().any(|path| candidate.is(path)));
         if listed.is_some() && !named {
             continue;
         }
@@ -240,6 +248,14 @@ pub fn decide(
             }
             _ => {}
         }
+        if candidate.facts.removable && !named {
+            reject(
+                candidate,
+                "is removable media: a pool takes it only when devices.nodes[].paths lists it"
+                    .to_string(),
+            );
+            continue;
+        }
         match safety::judge(&candidate.facts, filter.allow_wipe) {
             Verdict::Claimable { wipe } => claims.push(Claim {
                 block_device: candidate.block_device.to_string(),
@@ -259,7 +275,7 @@ pub fn decide(
     }
 
     for path in listed.unwrap_or_default() {
-        if !candidates.iter().any(|candidate| candidate.path == path) {
+        if !candidates.iter().any(|candidate| candidate.is(path)) {
             decision.rejected.push(RejectedDisk {
                 block_device: None,
                 path: path.clone(),
@@ -588,6 +604,89 @@ mod tests {
         // A node the list does not name is judged by the other filters alone.
         let decision = decide("p", &spec(Layout::Single, filter), "n3", &disks).unwrap();
         assert_eq!(names(&decision), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_disk_is_listed_by_a_udev_link_as_well_as_by_its_path() {
+        let links = ["/dev/disk/by-id/wwn-0x5000c500a0b1c2d3".to_string()];
+        let disks = [
+            Candidate {
+                facts: DeviceFacts {
+                    links: &links,
+                    ..Default::default()
+                },
+                ..clean("a", "/dev/sdb")
+            },
+            clean("b", "/dev/sdc"),
+        ];
+        let filter = DeviceFilter {
+            nodes: vec![NodeDevices {
+                name: "n1".into(),
+                paths: vec![
+                    "/dev/disk/by-id/wwn-0x5000c500a0b1c2d3".into(),
+                    "/dev/disk/by-id/gone".into(),
+                ],
+            }],
+            ..Default::default()
+        };
+        let decision = decide("p", &spec(Layout::Single, filter), "n1", &disks).unwrap();
+        assert_eq!(names(&decision), ["a"]);
+        // The claim names the disk by its path; the link that names nothing is reported
+        // as the user wrote it.
+        assert_eq!(decision.claims[0].path, "/dev/sdb");
+        assert_eq!(
+            reasons(&decision),
+            [(
+                "/dev/disk/by-id/gone".into(),
+                "no such disk on node n1".into()
+            )]
+        );
+    }
+
+    #[test]
+    fn removable_media_are_taken_only_when_listed() {
+        let disks = [
+            Candidate {
+                facts: DeviceFacts {
+                    removable: true,
+                    ..Default::default()
+                },
+                ..clean("stick", "/dev/sdx")
+            },
+            clean("disk", "/dev/sdb"),
+        ];
+        let unlisted = decide(
+            "p",
+            &spec(Layout::Single, DeviceFilter::default()),
+            "n1",
+            &disks,
+        )
+        .unwrap();
+        assert_eq!(names(&unlisted), ["disk"]);
+        assert_eq!(
+            reasons(&unlisted),
+            [(
+                "/dev/sdx".into(),
+                "is removable media: a pool takes it only when devices.nodes[].paths lists it"
+                    .into()
+            )]
+        );
+        // A pattern that matches it is not enough: it must be named.
+        let pattern = DeviceFilter {
+            path_pattern: Some("^/dev/sd".into()),
+            ..Default::default()
+        };
+        let by_pattern = decide("p", &spec(Layout::Single, pattern), "n1", &disks).unwrap();
+        assert_eq!(names(&by_pattern), ["disk"]);
+        let listed = DeviceFilter {
+            nodes: vec![NodeDevices {
+                name: "n1".into(),
+                paths: vec!["/dev/sdx".into()],
+            }],
+            ..Default::default()
+        };
+        let listed = decide("p", &spec(Layout::Single, listed), "n1", &disks).unwrap();
+        assert_eq!(names(&listed), ["stick"]);
     }
 
     #[test]

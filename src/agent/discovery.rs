@@ -6,6 +6,7 @@
 //! (the `lsblk` crate's source): those links are made by udevd, which nodes in
 //! development — and some minimal hosts — do not run.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -195,6 +196,31 @@ pub struct Mount {
     pub source: String,
 }
 
+/// The udev links under `dev_disk` (`by-id`, `by-path`, `by-uuid`), grouped by the
+/// device path each resolves to (`/dev/sdb` → `/dev/disk/by-id/wwn-…`, …), each group
+/// sorted. Links that do not resolve (a disk just unplugged) are left out; where udevd
+/// does not run the directory is missing and the map empty.
+pub fn links(dev_disk: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut links: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for kind in ["by-id", "by-path", "by-uuid"] {
+        let dir = dev_disk.join(kind);
+        for name in list_names(&dir) {
+            let link = dir.join(&name);
+            let is_link = fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink());
+            if let (true, Ok(target)) = (is_link, fs::canonicalize(&link)) {
+                links
+                    .entry(target.to_string_lossy().into_owned())
+                    .or_default()
+                    .push(link.to_string_lossy().into_owned());
+            }
+        }
+    }
+    for group in links.values_mut() {
+        group.sort();
+    }
+    links
+}
+
 /// Parses mountinfo (`proc(5)`): `id parent major:minor root mountpoint options
 /// [optional fields] - fstype source superoptions`.
 pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
@@ -308,6 +334,53 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn udev_links_are_grouped_by_the_device_they_resolve_to() {
+        // /dev/disk as udev lays it out: relative links, one directory per kind.
+        let root = FakeSys::new("links");
+        let dev = root.0.join("dev");
+        for kind in ["by-id", "by-path", "by-uuid"] {
+            fs::create_dir_all(dev.join("disk").join(kind)).unwrap();
+        }
+        fs::write(dev.join("sdb"), "").unwrap();
+        fs::write(dev.join("sdb1"), "").unwrap();
+        let link = |kind: &str, name: &str, target: &str| {
+            std::os::unix::fs::symlink(target, dev.join("disk").join(kind).join(name)).unwrap();
+        };
+        link("by-id", "wwn-0x5000c500a0b1c2d3", "../../sdb");
+        link("by-id", "ata-DISK_123", "../../sdb");
+        link("by-path", "pci-0000:00:1f.2-ata-1", "../../sdb");
+        link("by-uuid", "0b7c1f4e", "../../sdb1");
+        link("by-id", "usb-gone", "../../sdz");
+        fs::write(dev.join("disk").join("by-id").join("not-a-link"), "").unwrap();
+
+        let links = links(&dev.join("disk"));
+        let sdb = fs::canonicalize(dev.join("sdb")).unwrap();
+        let sdb1 = fs::canonicalize(dev.join("sdb1")).unwrap();
+        let named = |kind: &str, name: &str| {
+            dev.join("disk")
+                .join(kind)
+                .join(name)
+                .to_string_lossy()
+                .into_owned()
+        };
+        assert_eq!(
+            links.get(sdb.to_str().unwrap()).unwrap(),
+            &vec![
+                named("by-id", "ata-DISK_123"),
+                named("by-id", "wwn-0x5000c500a0b1c2d3"),
+                named("by-path", "pci-0000:00:1f.2-ata-1"),
+            ]
+        );
+        assert_eq!(
+            links.get(sdb1.to_str().unwrap()).unwrap(),
+            &vec![named("by-uuid", "0b7c1f4e")]
+        );
+        // The dangling link and the plain file name nothing.
+        assert_eq!(links.len(), 2, "{links:?}");
+        assert!(super::links(&root.0.join("no-udev")).is_empty());
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub struct Sources {
     pub sys_root: PathBuf,
     pub mountinfo: PathBuf,
     pub swaps: PathBuf,
+    /// Where udev keeps its links to disks (`by-id`, `by-path`, `by-uuid`); missing
+    /// where udevd does not run, and then disks are named by their paths only.
+    pub dev_disk: PathBuf,
 }
 
 impl Default for Sources {
@@ -31,6 +34,7 @@ impl Default for Sources {
             sys_root: PathBuf::from("/sys"),
             mountinfo: PathBuf::from("/proc/1/mountinfo"),
             swaps: PathBuf::from("/proc/swaps"),
+            dev_disk: PathBuf::from("/dev/disk"),
         }
     }
 }
@@ -66,6 +70,8 @@ pub struct OwnedFacts {
     pub holds_root: bool,
     pub read_only: bool,
     pub probe_error: Option<String>,
+    pub removable: bool,
+    pub links: Vec<String>,
 }
 
 impl OwnedFacts {
@@ -79,6 +85,8 @@ impl OwnedFacts {
             holds_root: self.holds_root,
             read_only: self.read_only,
             probe_error: self.probe_error.as_deref(),
+            removable: self.removable,
+            links: &self.links,
         }
     }
 }
@@ -106,6 +114,7 @@ pub fn observe(
     let swaps = std::fs::read_to_string(&sources.swaps)
         .map(|text| discovery::parse_swaps(&text))
         .unwrap_or_default();
+    let links = discovery::links(&sources.dev_disk);
     let mut observation = Observation::default();
     for disk in disks.iter().filter(|disk| allow.allows(disk)) {
         let mounts = match &mounts {
@@ -119,7 +128,8 @@ pub fn observe(
                 continue;
             }
         };
-        match observe_disk(node, disk, mounts, &swaps) {
+        let links = links.get(&disk.path).map_or(&[][..], Vec::as_slice);
+        match observe_disk(node, disk, mounts, &swaps, links) {
             Ok(device) => observation.devices.push(device),
             Err(reason) => observation.skipped.push(format!("{}: {reason}", disk.path)),
         }
@@ -162,6 +172,7 @@ fn observe_disk(
     disk: &Disk,
     mounts: &[discovery::Mount],
     swaps: &[String],
+    links: &[String],
 ) -> Result<Observed, String> {
     // A disk that cannot be probed is still reported, refused as unknown: hiding it
     // would hide why no pool takes it.
@@ -186,6 +197,8 @@ fn observe_disk(
         holds_root: usage.holds_root,
         read_only: disk.read_only,
         probe_error: probe_error.as_deref(),
+        removable: disk.removable,
+        links,
     };
     let refusal = safety::judge(&facts, false).reason();
     let owned_facts = OwnedFacts {
@@ -197,6 +210,8 @@ fn observe_disk(
         holds_root: usage.holds_root,
         read_only: disk.read_only,
         probe_error: probe_error.clone(),
+        removable: disk.removable,
+        links: links.to_vec(),
     };
 
     let loop_file = match &disk.loop_backing_file {

@@ -28,6 +28,12 @@ pub struct DeviceFacts<'a> {
     /// Why probing for signatures failed, if it did: then nothing is known of what is
     /// on the disk, and wiping the unknown is not a risk `allowWipe` was meant to take.
     pub probe_error: Option<&'a str>,
+    /// Removable media (the kernel's `removable` flag: USB sticks, SD cards): a pool
+    /// takes them only when they are listed by path.
+    pub removable: bool,
+    /// The udev links that name the disk (`/dev/disk/by-id/…`, `by-path`, `by-uuid`),
+    /// by which a pool may list it.
+    pub links: &'a [String],
 }
 
 /// One reason a disk is not claimable.
