@@ -597,3 +597,99 @@ async fn raid1_with_one_disk_is_refused_with_a_reason() {
     unmount.all();
     assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
 }
+
+/// A btrfs filesystem of someone else's over two disks, mounted through the first: the
+/// mount table names only that one, but the second is just as much in use. A pool that
+/// may wipe (`allowWipe`) and whose filter matches both takes neither, and says why.
+#[tokio::test]
+async fn a_foreign_two_device_btrfs_with_one_member_mounted_is_never_touched() {
+    let client = support::client().await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let pool_api: Api<StoragePool> = Api::all(client.clone());
+    let pid = std::process::id();
+    let group = format!("foreign-{pid}");
+    let node = format!("pools-n4-{pid}");
+    let pool = format!("greedy-{pid}");
+
+    let scratch = Scratch::new("foreign");
+    let mut objects = Objects::default();
+    let mut loops = Loops::default();
+    let unmount = Unmount {
+        root: scratch.pool_root(),
+    };
+    let foreign_mount = scratch.dir.join("foreign");
+    fs::create_dir_all(&foreign_mount).expect("creating the foreign mount point");
+    let unmount_foreign = Unmount {
+        root: foreign_mount.clone(),
+    };
+    objects.nodes.push(node.clone());
+    create_node(&node_api, &node, &group).await;
+    let dir = scratch.node_dir(&node);
+    let first = loops.attach(&disk_file(&dir, "foreign-a.img"));
+    let second = loops.attach(&disk_file(&dir, "foreign-b.img"));
+    run(
+        "mkfs.btrfs",
+        &[
+            "-q", "-f", "-d", "raid1", "-m", "raid1", "-L", "theirs", &first, &second,
+        ],
+    );
+    run("mount", &[&first, &foreign_mount.to_string_lossy()]);
+    fs::write(foreign_mount.join("theirs.txt"), b"not yours").expect("writing their file");
+    run("sync", &[]);
+    let mut agent = Agent::start(&node, &dir, &scratch.pool_root(), &scratch.dir);
+
+    objects.pools.push(pool.clone());
+    objects.classes.push(pool.clone());
+    create_pool(&pool_api, &pool, &group, "single").await;
+    pool_api
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "devices": { "allowWipe": true } } })),
+        )
+        .await
+        .expect("setting allowWipe");
+    let mounted_at = format!("is mounted at {}", foreign_mount.display());
+    let entry = wait_node(&pool_api, &pool, &node, "both members refused", |e| {
+        [&first, &second]
+            .iter()
+            .all(|path| e.rejected.iter().any(|r| &&r.path == path))
+    })
+    .await;
+    for path in [&first, &second] {
+        let reason = entry
+            .rejected
+            .iter()
+            .find(|r| &r.path == path)
+            .map(|r| r.reason.as_str())
+            .unwrap_or_default();
+        assert!(
+            reason.starts_with(&mounted_at) && !reason.contains("allowWipe"),
+            "{path}: {reason} ({entry:#?})"
+        );
+    }
+    assert!(entry.disks.is_empty(), "{entry:#?}");
+    // A few more looks, then: both members still theirs, the file still there.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let show = run(
+        "btrfs",
+        &["filesystem", "show", &foreign_mount.to_string_lossy()],
+    );
+    assert!(
+        show.contains(&first) && show.contains(&second) && show.contains("theirs"),
+        "{show}"
+    );
+    assert_eq!(
+        fs::read_to_string(foreign_mount.join("theirs.txt")).expect("reading their file"),
+        "not yours"
+    );
+    assert!(
+        run("wipefs", &["--no-act", &second]).contains("btrfs"),
+        "the unmounted member was wiped"
+    );
+
+    agent.stop();
+    unmount_foreign.all();
+    unmount.all();
+    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+}

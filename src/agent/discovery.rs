@@ -281,14 +281,44 @@ pub struct Usage {
     pub holds_root: bool,
 }
 
+/// The member devices of every mounted btrfs filesystem, one list of kernel names
+/// (`sdb`, `loop3`, `nvme0n1p2`) per filesystem, from `/sys/fs/btrfs/<fsid>/devices`,
+/// which the kernel keeps for each mounted btrfs whatever the mount namespace. A
+/// filesystem over several devices is mounted by naming one of them and the mount
+/// table names only that one; the others are just as much in use.
+pub fn mounted_btrfs_members(sys_root: &Path) -> Vec<Vec<String>> {
+    let root = sys_root.join("fs").join("btrfs");
+    list_names(&root)
+        .into_iter()
+        .map(|fsid| list_names(&root.join(fsid).join("devices")))
+        .filter(|members| !members.is_empty())
+        .collect()
+}
+
 /// How the host uses `disk`: mounted (the disk or one of its partitions, matched by
-/// device number or by source path), swapped on, or holding `/`.
-pub fn usage_of(disk: &Disk, mounts: &[Mount], swaps: &[String]) -> Usage {
-    let mut paths = vec![disk.path.clone()];
+/// device number or by source path, or through another member of a mounted btrfs
+/// filesystem it belongs to, `btrfs_members`), swapped on, or holding `/`.
+pub fn usage_of(
+    disk: &Disk,
+    mounts: &[Mount],
+    swaps: &[String],
+    btrfs_members: &[Vec<String>],
+) -> Usage {
+    let mut names = vec![disk.name.clone()];
     let mut devs: Vec<DevNumber> = disk.dev.into_iter().collect();
     for partition in &disk.partitions {
-        paths.push(format!("/dev/{}", partition.name));
+        names.push(partition.name.clone());
         devs.extend(partition.dev);
+    }
+    let own: Vec<String> = names.iter().map(|name| format!("/dev/{name}")).collect();
+    let filesystems: Vec<&Vec<String>> = btrfs_members
+        .iter()
+        .filter(|members| members.iter().any(|member| names.contains(member)))
+        .collect();
+    let mut paths = own.clone();
+    paths.push(disk.path.clone());
+    for members in &filesystems {
+        paths.extend(members.iter().map(|member| format!("/dev/{member}")));
     }
     let ours = |mount: &Mount| {
         mount.dev.is_some_and(|dev| devs.contains(&dev)) || paths.contains(&mount.source)
@@ -298,6 +328,20 @@ pub fn usage_of(disk: &Disk, mounts: &[Mount], swaps: &[String]) -> Usage {
         .filter(|mount| ours(mount))
         .map(|mount| mount.mount_point.clone())
         .collect();
+    // Mounted, but not where this mount table shows (another mount namespace).
+    for members in filesystems {
+        let shown = mounts.iter().any(|mount| {
+            members
+                .iter()
+                .any(|member| mount.source == format!("/dev/{member}"))
+        });
+        if !shown {
+            mount_points.push(format!(
+                "an unknown place (a btrfs filesystem over {}, mounted in another mount namespace)",
+                members.join(", ")
+            ));
+        }
+    }
     mount_points.sort();
     mount_points.dedup();
     Usage {
@@ -334,6 +378,46 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn every_member_of_a_mounted_multi_device_btrfs_is_in_use() {
+        let sys = FakeSys::new("btrfs-members");
+        let fsid = sys
+            .0
+            .join("fs/btrfs/5b1e2a3c-0000-4000-8000-000000000001/devices");
+        fs::create_dir_all(&fsid).unwrap();
+        for member in ["loop4", "loop5"] {
+            fs::write(fsid.join(member), "").unwrap();
+        }
+        // Another mounted btrfs, in a mount namespace this table does not show.
+        let hidden = sys
+            .0
+            .join("fs/btrfs/5b1e2a3c-0000-4000-8000-000000000002/devices");
+        fs::create_dir_all(&hidden).unwrap();
+        fs::write(hidden.join("sdd"), "").unwrap();
+        // btrfs's own sysfs entries that are no filesystem.
+        fs::create_dir_all(sys.0.join("fs/btrfs/features")).unwrap();
+        let members = mounted_btrfs_members(&sys.0);
+        assert_eq!(members, [vec!["loop4", "loop5"], vec!["sdd"]]);
+
+        let mounts = parse_mountinfo(MOUNTINFO);
+        // The mount table names loop4 only (mounted at /pool); loop5 is as much in use.
+        let second = usage_of(&disk("loop5", (7, 5), &[]), &mounts, &[], &members);
+        assert_eq!(second.mount_points, ["/pool"]);
+        assert_eq!(
+            usage_of(&disk("loop5", (7, 5), &[]), &mounts, &[], &[]).mount_points,
+            Vec::<String>::new(),
+            "without the kernel's list the mount table alone misses it"
+        );
+        let elsewhere = usage_of(&disk("sdd", (8, 48), &[]), &mounts, &[], &members);
+        assert_eq!(
+            elsewhere.mount_points,
+            ["an unknown place (a btrfs filesystem over sdd, mounted in another mount namespace)"]
+        );
+        let unrelated = usage_of(&disk("sde", (8, 64), &[]), &mounts, &[], &members);
+        assert!(unrelated.mount_points.is_empty());
+        assert!(mounted_btrfs_members(&sys.0.join("none")).is_empty());
     }
 
     #[test]
@@ -530,7 +614,7 @@ garbage line
         let swaps = parse_swaps("Filename Type Size Used Priority\n/dev/sdc2 partition 1 0 -2\n");
         assert_eq!(swaps, ["/dev/sdc2"]);
 
-        let root = usage_of(&disk("vda", (254, 0), &[]), &mounts, &swaps);
+        let root = usage_of(&disk("vda", (254, 0), &[]), &mounts, &swaps, &[]);
         assert_eq!(
             root,
             Usage {
@@ -540,14 +624,24 @@ garbage line
             }
         );
 
-        let data = usage_of(&disk("sda", (8, 0), &[("sda1", (8, 1))]), &mounts, &swaps);
+        let data = usage_of(
+            &disk("sda", (8, 0), &[("sda1", (8, 1))]),
+            &mounts,
+            &swaps,
+            &[],
+        );
         assert_eq!(data.mount_points, ["/mnt/my data"]);
         assert!(!data.holds_root && !data.swap);
 
-        let btrfs = usage_of(&disk("loop4", (7, 4), &[]), &mounts, &swaps);
+        let btrfs = usage_of(&disk("loop4", (7, 4), &[]), &mounts, &swaps, &[]);
         assert_eq!(btrfs.mount_points, ["/pool"]);
 
-        let swap = usage_of(&disk("sdc", (8, 32), &[("sdc2", (8, 34))]), &mounts, &swaps);
+        let swap = usage_of(
+            &disk("sdc", (8, 32), &[("sdc2", (8, 34))]),
+            &mounts,
+            &swaps,
+            &[],
+        );
         assert_eq!(
             swap,
             Usage {

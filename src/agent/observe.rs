@@ -115,6 +115,7 @@ pub fn observe(
         .map(|text| discovery::parse_swaps(&text))
         .unwrap_or_default();
     let links = discovery::links(&sources.dev_disk);
+    let btrfs_members = discovery::mounted_btrfs_members(&sources.sys_root);
     let mut observation = Observation::default();
     for disk in disks.iter().filter(|disk| allow.allows(disk)) {
         let mounts = match &mounts {
@@ -129,7 +130,7 @@ pub fn observe(
             }
         };
         let links = links.get(&disk.path).map_or(&[][..], Vec::as_slice);
-        match observe_disk(node, disk, mounts, &swaps, links) {
+        match observe_disk(node, disk, mounts, &swaps, &btrfs_members, links) {
             Ok(device) => observation.devices.push(device),
             Err(reason) => observation.skipped.push(format!("{}: {reason}", disk.path)),
         }
@@ -172,6 +173,7 @@ fn observe_disk(
     disk: &Disk,
     mounts: &[discovery::Mount],
     swaps: &[String],
+    btrfs_members: &[Vec<String>],
     links: &[String],
 ) -> Result<Observed, String> {
     // A disk that cannot be probed is still reported, refused as unknown: hiding it
@@ -180,7 +182,7 @@ fn observe_disk(
         Ok(signatures) => (signatures, None),
         Err(error) => (Vec::new(), Some(error.to_string())),
     };
-    let usage = discovery::usage_of(disk, mounts, swaps);
+    let usage = discovery::usage_of(disk, mounts, swaps, btrfs_members);
     let partitions: Vec<String> = disk.partitions.iter().map(|p| p.name.clone()).collect();
     let holders: Vec<String> = disk
         .holders
