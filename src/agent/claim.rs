@@ -146,6 +146,25 @@ pub fn selects_node(
     Ok(labels_match && expressions_match)
 }
 
+/// The pool a disk belongs to, as pool `pool` judges it. The filesystem is the truth
+/// for an attached disk: carrying `pool`'s btrfs label makes it a member whatever its
+/// status says, and a disk whose status names `pool` but that carries no label was
+/// claimed and never built into it (a wipe or mkfs that failed halfway, a crash), so
+/// it is judged afresh like any disk, never mounted as a member. A disk that is not
+/// attached keeps what its status says: a missing member is still a member.
+pub fn membership<'a>(
+    pool: &'a str,
+    attached: bool,
+    carries_label: bool,
+    status_pool: Option<&'a str>,
+) -> Option<&'a str> {
+    match (attached, carries_label) {
+        (true, true) => Some(pool),
+        (true, false) => status_pool.filter(|other| *other != pool),
+        (false, _) => status_pool,
+    }
+}
+
 /// Decides which of `candidates` (the node's disks) pool `pool` takes on `node`.
 pub fn decide(
     pool: &str,
@@ -604,6 +623,22 @@ mod tests {
         // A node the list does not name is judged by the other filters alone.
         let decision = decide("p", &spec(Layout::Single, filter), "n3", &disks).unwrap();
         assert_eq!(names(&decision), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_claimed_disk_is_a_member_only_once_it_carries_the_pools_filesystem() {
+        // Attached with the label: a member, whatever the status says (a crash between
+        // mkfs and the status write).
+        assert_eq!(membership("p", true, true, None), Some("p"));
+        assert_eq!(membership("p", true, true, Some("q")), Some("p"));
+        // Claimed by p but its mkfs failed: judged afresh, not mounted.
+        assert_eq!(membership("p", true, false, Some("p")), None);
+        // Another pool's claim stands until that pool says otherwise.
+        assert_eq!(membership("p", true, false, Some("q")), Some("q"));
+        assert_eq!(membership("p", true, false, None), None);
+        // Not attached: its status is all there is (a missing member).
+        assert_eq!(membership("p", false, false, Some("p")), Some("p"));
+        assert_eq!(membership("p", false, false, None), None);
     }
 
     #[test]

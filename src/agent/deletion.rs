@@ -39,8 +39,12 @@ pub struct Member {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     Unmount(PathBuf),
-    /// `btrfs device scan --forget`, then `wipefs --all`.
-    Wipe(String),
+    /// `btrfs device scan --forget`, then `wipefs --all`, if the disk at `path` is
+    /// still `block_device`.
+    Wipe {
+        path: String,
+        block_device: String,
+    },
     /// Hand the BlockDevice back to the inventory (`Unclaimed` on its next look).
     Release(String),
     /// Remove this node's entry from the pool's status.
@@ -84,7 +88,10 @@ pub fn decide(
     }
     for member in members {
         if member.attached && member.carries_label {
-            steps.push(Step::Wipe(member.path.clone()));
+            steps.push(Step::Wipe {
+                path: member.path.clone(),
+                block_device: member.block_device.clone(),
+            });
         }
     }
     for member in members {
@@ -152,7 +159,10 @@ mod tests {
             decision,
             Deletion::Release(vec![
                 Step::Unmount("/p/n1/fast".into()),
-                Step::Wipe("/dev/a".into()),
+                Step::Wipe {
+                    path: "/dev/a".into(),
+                    block_device: "a".into()
+                },
                 Step::Release("a".into()),
                 Step::Release("b".into()),
                 Step::Release("c".into()),

@@ -100,6 +100,38 @@ pub struct Observation {
     pub skipped: Vec<String>,
 }
 
+/// Whether the disk at `path` is still the one named `block_device`, its identity read
+/// again from the hardware right before something destroys what is on it: a disk
+/// hot-swapped into the same `/dev/sdX` has another identity and is left alone.
+pub fn still_the_disk(
+    node: &str,
+    path: &str,
+    block_device: &str,
+    sources: &Sources,
+) -> Result<(), String> {
+    let observation = observe(node, &AllowList::default(), sources)
+        .map_err(|error| format!("re-identifying {path} before wiping it: {error}"))?;
+    let now = observation
+        .devices
+        .iter()
+        .find(|device| device.spec.path == path)
+        .map(|device| device.name.as_str());
+    same_disk(path, block_device, now)
+}
+
+/// The verdict of [`still_the_disk`] from the name the disk at `path` has now.
+fn same_disk(path: &str, expected: &str, now: Option<&str>) -> Result<(), String> {
+    match now {
+        Some(name) if name == expected => Ok(()),
+        Some(name) => Err(format!(
+            "not wiped: {path} is now {name}, not {expected} (another disk took its place)"
+        )),
+        None => Err(format!(
+            "not wiped: {path} is no identifiable disk now, not {expected}"
+        )),
+    }
+}
+
 /// Looks at every allowed disk of the node.
 pub fn observe(
     node: &str,
@@ -265,6 +297,22 @@ fn observe_disk(
 #[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wipe_waits_for_the_same_disk() {
+        assert_eq!(
+            same_disk("/dev/sdb", "node-1-wwn-5000c5", Some("node-1-wwn-5000c5")),
+            Ok(())
+        );
+        assert_eq!(
+            same_disk("/dev/sdb", "node-1-wwn-5000c5", Some("node-1-wwn-5000c6")),
+            Err("not wiped: /dev/sdb is now node-1-wwn-5000c6, not node-1-wwn-5000c5 (another disk took its place)".into())
+        );
+        assert_eq!(
+            same_disk("/dev/sdb", "node-1-wwn-5000c5", None),
+            Err("not wiped: /dev/sdb is no identifiable disk now, not node-1-wwn-5000c5".into())
+        );
+    }
 
     fn disk(path: &str, backing: Option<&str>) -> Disk {
         Disk {

@@ -32,8 +32,9 @@ pub enum Filesystem {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// `wipefs --all <path>`: only for a disk claimed with `allowWipe` that had
-    /// signatures (never mounted, held or holding `/`: `safety` refuses those always).
-    Wipe(String),
+    /// signatures (never mounted, held or holding `/`: `safety` refuses those always),
+    /// and only if the disk at `path` is still `block_device` when it runs.
+    Wipe { path: String, block_device: String },
     /// `mkfs.btrfs <args>` (without `--force`).
     Mkfs(Vec<String>),
     /// `btrfs device scan <devices>`, then mount the first at the pool's mount point,
@@ -73,7 +74,10 @@ pub fn plan(
         claims
             .iter()
             .filter(|claim| !claim.wipe.is_empty())
-            .map(|claim| Step::Wipe(claim.path.clone()))
+            .map(|claim| Step::Wipe {
+                path: claim.path.clone(),
+                block_device: claim.block_device.clone(),
+            })
             .collect()
     };
     match filesystem {
@@ -382,7 +386,10 @@ mod tests {
         assert_eq!(
             steps,
             [
-                Step::Wipe("/dev/l1".into()),
+                Step::Wipe {
+                    path: "/dev/l1".into(),
+                    block_device: "b".into()
+                },
                 Step::Mkfs(btrfs::mkfs_args("p", Layout::Raid1, &["/dev/l0", "/dev/l1"]).unwrap()),
                 Step::Mount {
                     devices: vec!["/dev/l0".into(), "/dev/l1".into()],
@@ -489,7 +496,10 @@ mod tests {
         assert_eq!(
             steps,
             [
-                Step::Wipe("/dev/l2".into()),
+                Step::Wipe {
+                    path: "/dev/l2".into(),
+                    block_device: "c".into()
+                },
                 Step::AddDevices(vec!["/dev/l2".into()]),
                 Step::Balance {
                     data: "single",

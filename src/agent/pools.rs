@@ -34,6 +34,7 @@ use super::claim::{self, Candidate};
 use super::deletion;
 use super::host::{self, run};
 use super::inventory::{NODE_LABEL, Observed};
+use super::observe::{Sources, still_the_disk};
 use super::pool::{self, Blocked, Filesystem, Outcome, Step};
 use super::probe::SignatureKind;
 use super::storage_class;
@@ -257,9 +258,11 @@ impl Pools {
                         });
                     }
                 }
-                deletion::Step::Wipe(path) => {
-                    let path = path.clone();
+                deletion::Step::Wipe { path, block_device } => {
+                    let (path, block_device, node) =
+                        (path.clone(), block_device.clone(), self.node.clone());
                     let wiped = blocking(Err("wiping panicked".to_string()), move || {
+                        still_the_disk(&node, &path, &block_device, &Sources::default())?;
                         // Forgotten first: the kernel must not keep a stale btrfs member.
                         let _ = run("btrfs", &["device", "scan", "--forget", &path]);
                         run("wipefs", &["--all", &path]).map(drop)
@@ -480,11 +483,12 @@ impl Pools {
                             && signature.label.as_deref() == Some(label.as_str())
                     })
                 });
-                let pool_of = if carries_label {
-                    Some(name.as_str())
-                } else {
-                    status.and_then(|status| status.pool.as_deref())
-                };
+                let pool_of = claim::membership(
+                    &name,
+                    seen.is_some(),
+                    carries_label,
+                    status.and_then(|status| status.pool.as_deref()),
+                );
                 Candidate {
                     block_device: device.metadata.name.as_deref().unwrap_or_default(),
                     path: seen.map_or(device.spec.path.as_str(), |seen| seen.spec.path.as_str()),
@@ -550,9 +554,9 @@ impl Pools {
                 .await?;
             }
             tracing::info!(node = %self.node, pool = %name, ?steps, "building the pool");
-            let (steps, path) = (steps.clone(), mount_path.clone());
+            let (steps, path, node) = (steps.clone(), mount_path.clone(), self.node.clone());
             if let Err(message) = blocking(Err("the pool steps panicked".to_string()), move || {
-                run_steps(&steps, &path)
+                run_steps(&node, &steps, &path)
             })
             .await
             {
@@ -853,11 +857,12 @@ fn current_filesystem(mount_path: &Path) -> (Option<Show>, Option<Usage>, u64) {
 }
 
 /// Runs the steps in order, stopping at the first failure, whose error is returned.
-fn run_steps(steps: &[Step], mount_path: &Path) -> Result<(), String> {
+fn run_steps(node: &str, steps: &[Step], mount_path: &Path) -> Result<(), String> {
     let mount = mount_path.to_string_lossy().into_owned();
     for step in steps {
         match step {
-            Step::Wipe(path) => {
+            Step::Wipe { path, block_device } => {
+                still_the_disk(node, path, block_device, &Sources::default())?;
                 run("wipefs", &["--all", path])?;
             }
             Step::Mkfs(args) => {
