@@ -20,6 +20,7 @@ pub mod observe;
 pub mod pool;
 pub mod pools;
 pub mod probe;
+pub mod reported;
 pub mod safety;
 pub mod storage_class;
 pub mod totals;

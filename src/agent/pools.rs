@@ -15,9 +15,7 @@
 //! (`totals`) are applied by whichever agent wrote last, under one field manager,
 //! guarded by the resource version they were computed from.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
 use castellan_crds::storage_pool::StoragePool;
@@ -37,6 +35,7 @@ use super::inventory::{NODE_LABEL, Observed};
 use super::observe::{Sources, still_the_disk};
 use super::pool::{self, Blocked, Filesystem, Outcome, Step};
 use super::probe::SignatureKind;
+use super::reported::Reported;
 use super::storage_class;
 use super::totals;
 use super::volume;
@@ -97,7 +96,7 @@ pub struct Pools {
     root: PathBuf,
     recorder: Recorder,
     /// Refusals already reported, one Event per reason.
-    reported: Mutex<BTreeSet<(String, String)>>,
+    reported: Reported,
 }
 
 impl Pools {
@@ -111,7 +110,7 @@ impl Pools {
             client,
             node: node.to_string(),
             root: root.to_path_buf(),
-            reported: Mutex::new(BTreeSet::new()),
+            reported: Reported::default(),
         }
     }
 
@@ -428,10 +427,7 @@ impl Pools {
 
     /// Whether `message` is new for this object (and remembers it).
     fn first_report(&self, uid: &str, message: &str) -> bool {
-        self.reported
-            .lock()
-            .map(|mut reported| reported.insert((uid.to_string(), message.to_string())))
-            .unwrap_or(true)
+        self.reported.first(uid, message)
     }
 
     async fn event(&self, pool: &StoragePool, kind: EventType, reason: &str, note: String) {

@@ -20,7 +20,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use castellan_crds::storage_pool::{ReclaimPolicy, StoragePool};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
@@ -33,6 +32,7 @@ use serde_json::json;
 use super::btrfs;
 use super::host::{self, run};
 use super::inventory::NODE_LABEL;
+use super::reported::Reported;
 use super::totals;
 use super::volume::{
     self, Action, Claim, ClaimKey, FINALIZER, POOL_LABEL, PROVISIONED_BY_ANNOTATION, PROVISIONER,
@@ -59,7 +59,7 @@ pub struct Volumes {
     root: PathBuf,
     recorder: Recorder,
     /// Refusals already reported, so a claim gets one Event per reason, not one per pass.
-    reported: Mutex<BTreeSet<(String, String)>>,
+    reported: Reported,
 }
 
 impl Volumes {
@@ -74,7 +74,7 @@ impl Volumes {
             node: node.to_string(),
             hostname: hostname.to_string(),
             root: root.to_path_buf(),
-            reported: Mutex::new(BTreeSet::new()),
+            reported: Reported::default(),
         }
     }
 
@@ -429,10 +429,7 @@ impl Volumes {
 
     /// Whether `message` is new for this claim (and remembers it).
     fn first_report(&self, uid: &str, message: &str) -> bool {
-        self.reported
-            .lock()
-            .map(|mut reported| reported.insert((uid.to_string(), message.to_string())))
-            .unwrap_or(true)
+        self.reported.first(uid, message)
     }
 
     async fn event(
