@@ -1,4 +1,5 @@
-//! Logs and traces of the long-running processes (operator, instance manager).
+//! Logs and traces of the long-running processes (operator, instance manager, node
+//! agent).
 //!
 //! Logs: JSON lines on stderr, filtered by `RUST_LOG` (default `info`).
 //! Traces: every `tracing` span is also an OpenTelemetry span, exported over OTLP/HTTP
@@ -41,14 +42,26 @@ fn exporting() -> bool {
     .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }
 
-/// Installs logging, and trace export when configured. `service` names the process
-/// in traces unless `OTEL_SERVICE_NAME` says otherwise.
+/// Installs logging (JSON lines), and trace export when configured. `service` names
+/// the process in traces unless `OTEL_SERVICE_NAME` says otherwise.
 pub fn init(service: &'static str) -> Telemetry {
+    init_with(service, true)
+}
+
+/// [`init`], with logs as JSON lines or as text (coloured on a terminal).
+pub fn init_with(service: &'static str, json: bool) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt::layer()
-        .json()
-        .with_writer(std::io::stderr);
+    let json_logs = json.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+    });
+    let text_logs = (!json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+    });
     let provider = exporting()
         .then(|| build_provider(service))
         .and_then(|built| match built {
@@ -63,7 +76,8 @@ pub fn init(service: &'static str) -> Telemetry {
         .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("castellan")));
     tracing_subscriber::registry()
         .with(filter)
-        .with(logs)
+        .with(json_logs)
+        .with(text_logs)
         .with(traces)
         .init();
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());

@@ -11,6 +11,7 @@
 mod support;
 
 use support::disks::{Loops, MIB, Unmount, mounts_under, run, sparse_file, write_ext4, write_gpt};
+use support::otel::{Receiver, spans};
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -85,6 +86,16 @@ struct Agent {
 
 impl Agent {
     fn start(node: &str, disks: &Path, pool_root: &Path, log_dir: &Path) -> Self {
+        Self::start_with_env(node, disks, pool_root, log_dir, &[])
+    }
+
+    fn start_with_env(
+        node: &str,
+        disks: &Path,
+        pool_root: &Path,
+        log_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = log_dir.join(format!("agent-{node}.log"));
         let log_file = File::options()
             .create(true)
@@ -100,6 +111,7 @@ impl Agent {
             .args(["--rescan-seconds", "600", "--pool-poll-seconds", "1"])
             .env("KUBECONFIG", support::kubeconfig_path())
             .env("RUST_LOG", "info,castellan::agent=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
@@ -690,6 +702,85 @@ async fn a_foreign_two_device_btrfs_with_one_member_mounted_is_never_touched() {
 
     agent.stop();
     unmount_foreign.all();
+    unmount.all();
+    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+}
+
+/// A pool's creation is a trace: the agent exports over OTLP as the operator does, a
+/// `pool` span with the commands it ran (`pool step`: mkfs, mount, quota) under it.
+#[tokio::test]
+async fn a_pools_creation_is_a_trace() {
+    let receiver = Receiver::start(47401);
+    let client = support::client().await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let pool_api: Api<StoragePool> = Api::all(client.clone());
+    let pid = std::process::id();
+    let group = format!("traced-{pid}");
+    let node = format!("pools-n5-{pid}");
+    let pool = format!("traced-{pid}");
+
+    let scratch = Scratch::new("traced");
+    let mut objects = Objects::default();
+    let mut loops = Loops::default();
+    let unmount = Unmount {
+        root: scratch.pool_root(),
+    };
+    objects.nodes.push(node.clone());
+    create_node(&node_api, &node, &group).await;
+    let dir = scratch.node_dir(&node);
+    loops.attach(&disk_file(&dir, "traced.img"));
+    let endpoint = "http://127.0.0.1:47401";
+    let mut agent = Agent::start_with_env(
+        &node,
+        &dir,
+        &scratch.pool_root(),
+        &scratch.dir,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            // Exported within half a second: the agent is killed, not stopped.
+            ("OTEL_BSP_SCHEDULE_DELAY", "500"),
+        ],
+    );
+
+    objects.pools.push(pool.clone());
+    objects.classes.push(pool.clone());
+    create_pool(&pool_api, &pool, &group, "single").await;
+    wait_node(&pool_api, &pool, &node, "Healthy", |e| {
+        e.health.as_deref() == Some("Healthy")
+    })
+    .await;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (root, steps) = loop {
+        let found = spans(&receiver.traces());
+        let agent_spans: Vec<_> = found
+            .iter()
+            .filter(|span| span.service == "castellan-agent")
+            .collect();
+        let built = agent_spans.iter().find_map(|root| {
+            let steps: Vec<_> = agent_spans
+                .iter()
+                .filter(|span| span.name == "pool step" && span.parent == root.id)
+                .collect();
+            (root.name == "pool" && steps.len() >= 3).then(|| ((*root).clone(), steps.len()))
+        });
+        if let Some(built) = built {
+            break built;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pool span with its steps from castellan-agent in {}: {:?}",
+            receiver.traces().display(),
+            agent_spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!(
+        "pool {pool}: trace {} with {steps} steps (mkfs, mount, quota)",
+        root.trace
+    );
+
+    agent.stop();
     unmount.all();
     assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
 }

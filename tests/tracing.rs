@@ -8,95 +8,16 @@
 mod support;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use support::cluster::{
     LocalVolumes, Operator, apply_cluster, describe, phase_and_ready, wait_for,
 };
-use support::{TestNamespace, client, repo};
+use support::otel::{Receiver, Span, spans};
+use support::{TestNamespace, client};
 
 const OPERATOR: &str = "127.0.64.1:8080";
 const RECEIVER_PORT: u16 = 47400;
-
-/// The collector, stopped when dropped.
-struct Receiver {
-    dir: PathBuf,
-}
-
-impl Receiver {
-    fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("otel-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("receiver directory");
-        let status = Command::new(repo().join("deploy/otel/receiver.sh"))
-            .arg("start")
-            .arg(&dir)
-            .arg(RECEIVER_PORT.to_string())
-            .status()
-            .expect("running deploy/otel/receiver.sh");
-        assert!(status.success(), "the OTLP receiver did not start");
-        Self { dir }
-    }
-
-    fn traces(&self) -> PathBuf {
-        self.dir.join("traces.jsonl")
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = Command::new(repo().join("deploy/otel/receiver.sh"))
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Span {
-    service: String,
-    name: String,
-    trace: String,
-    id: String,
-    parent: String,
-}
-
-/// Every span in the collector's file (OTLP JSON, one export request per line).
-fn spans(file: &Path) -> Vec<Span> {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    let mut found = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let Ok(request) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        for resource in request["resourceSpans"].as_array().into_iter().flatten() {
-            let service = resource["resource"]["attributes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|a| a["key"] == "service.name")
-                .and_then(|a| a["value"]["stringValue"].as_str())
-                .unwrap_or_default()
-                .to_owned();
-            for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
-                for span in scope["spans"].as_array().into_iter().flatten() {
-                    let text = |key: &str| span[key].as_str().unwrap_or_default().to_owned();
-                    found.push(Span {
-                        service: service.clone(),
-                        name: text("name"),
-                        trace: text("traceId"),
-                        id: text("spanId"),
-                        parent: text("parentSpanId"),
-                    });
-                }
-            }
-        }
-    }
-    found
-}
 
 /// The chain from an instance manager's request span up to its trace's root, if that
 /// chain is complete, crosses from the instance manager into the operator, and goes
@@ -127,7 +48,7 @@ fn cross_process_chain(spans: &[Span]) -> Option<Vec<Span>> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cluster_creation_is_one_trace_across_operator_and_instance() {
-    let receiver = Receiver::start();
+    let receiver = Receiver::start(RECEIVER_PORT);
     let client = client().await;
     let namespace = TestNamespace::create(&client, "trace").await;
     let ns = namespace.name.clone();

@@ -91,27 +91,17 @@ pub enum LogFormat {
 
 /// Runs the agent until SIGINT or SIGTERM.
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format)?;
+    // Logs as the flag says; traces over OTLP as the operator's (crate::telemetry).
+    let _telemetry = crate::telemetry::init_with(
+        "castellan-agent",
+        matches!(args.log_format, LogFormat::Json),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(serve(args))
-}
-
-fn init_logging(format: LogFormat) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    }
-    .map_err(|error| anyhow::anyhow!("installing the log subscriber: {error}"))
 }
 
 async fn serve(args: AgentArgs) -> anyhow::Result<()> {

@@ -26,6 +26,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use tracing::Instrument;
 
 use super::btrfs::{self, Show, Usage};
 use super::claim::{self, Candidate};
@@ -163,7 +164,12 @@ impl Pools {
             // Listed per pool: the previous pool's claims changed them.
             let devices = self.devices().await?;
             // One pool's failed write must not keep the node's other pools waiting.
-            if let Err(error) = self.reconcile_pool(pool, observed, &devices).await {
+            let span = tracing::info_span!("pool", pool = %pool.name_any(), node = %self.node);
+            if let Err(error) = self
+                .reconcile_pool(pool, observed, &devices)
+                .instrument(span)
+                .await
+            {
                 tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "reconciling the pool failed");
             }
         }
@@ -807,7 +813,9 @@ fn failed_status(node: &str, message: String) -> castellan_crds::storage_pool::P
 /// Runs blocking work (commands, the mount table) off the async runtime. A panic
 /// there is a bug: reported, and the work's `fallback` is used.
 async fn blocking<T: Send + 'static>(fallback: T, work: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(work).await {
+    // In the caller's span: a pool's commands are part of its trace.
+    let span = tracing::Span::current();
+    match tokio::task::spawn_blocking(move || span.in_scope(work)).await {
         Ok(value) => value,
         Err(error) => {
             tracing::error!(%error, "pool work panicked");
@@ -856,6 +864,7 @@ fn current_filesystem(mount_path: &Path) -> (Option<Show>, Option<Usage>, u64) {
 fn run_steps(node: &str, steps: &[Step], mount_path: &Path) -> Result<(), String> {
     let mount = mount_path.to_string_lossy().into_owned();
     for step in steps {
+        let _span = tracing::info_span!("pool step", ?step).entered();
         match step {
             Step::Wipe { path, block_device } => {
                 still_the_disk(node, path, block_device, &Sources::default())?;

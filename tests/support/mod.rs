@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod disks;
 pub mod faults;
 pub mod manifests;
+pub mod otel;
 pub mod postgres;
 pub mod s3;
 
