@@ -13,6 +13,7 @@ use castellan_crds::block_device::BlockDeviceState;
 use castellan_crds::quantity::parse_bytes;
 use castellan_crds::storage_pool::{Layout, RejectedDisk, StoragePoolSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
 use regex::Regex;
 
 use super::safety::{self, DeviceFacts, Refusal, Verdict};
@@ -113,11 +114,12 @@ pub enum SpecError {
     PathPattern { pattern: String, message: String },
     #[error("devices.minSize {0:?} is not a quantity of bytes")]
     MinSize(String),
-    #[error("nodeSelector: unsupported operator {0:?} (use In, NotIn, Exists or DoesNotExist)")]
-    SelectorOperator(String),
+    #[error("nodeSelector: {0} (operators are In, NotIn, Exists and DoesNotExist)")]
+    Selector(String),
 }
 
-/// Whether a node with `labels` is one of the pool's nodes.
+/// Whether a node with `labels` is one of the pool's nodes (kube's `Selector`, with
+/// Kubernetes' own semantics: `NotIn` and `DoesNotExist` match a missing label).
 pub fn selects_node(
     selector: Option<&LabelSelector>,
     labels: &BTreeMap<String, String>,
@@ -125,25 +127,17 @@ pub fn selects_node(
     let Some(selector) = selector else {
         return Ok(true);
     };
-    let labels_match = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(key, value)| labels.get(key) == Some(value));
-    let mut expressions_match = true;
-    for expression in selector.match_expressions.iter().flatten() {
-        let value = labels.get(&expression.key);
-        let values = expression.values.as_deref().unwrap_or_default();
-        let matches = match expression.operator.as_str() {
-            "In" => value.is_some_and(|value| values.contains(value)),
-            "NotIn" => value.is_none_or(|value| !values.contains(value)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            other => return Err(SpecError::SelectorOperator(other.to_string())),
-        };
-        expressions_match &= matches;
-    }
-    Ok(labels_match && expressions_match)
+    let parsed = Selector::try_from(selector.clone()).map_err(|error| {
+        // kube's error does not say which expression it refused: name the operators.
+        let operators: Vec<&str> = selector
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|expression| expression.operator.as_str())
+            .collect();
+        SpecError::Selector(format!("{error} (operators given: {operators:?})"))
+    })?;
+    Ok(parsed.matches(labels))
 }
 
 /// The pool a disk belongs to, as pool `pool` judges it. The filesystem is the truth
@@ -853,9 +847,10 @@ mod tests {
             match_labels: None,
             match_expressions: Some(vec![requirement("zone", "Gt", &["1"])]),
         };
-        assert_eq!(
-            selects_node(Some(&bad), &node),
-            Err(SpecError::SelectorOperator("Gt".into()))
+        let refused = selects_node(Some(&bad), &node).unwrap_err();
+        assert!(
+            matches!(&refused, SpecError::Selector(message) if message.contains("Gt")),
+            "{refused}"
         );
     }
 }
