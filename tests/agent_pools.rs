@@ -784,3 +784,147 @@ async fn a_pools_creation_is_a_trace() {
     unmount.all();
     assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
 }
+
+/// A raid1 member that returns garbage (its backing file zeroed under the mounted pool)
+/// is noticed from btrfs's own error counters within seconds of the reads that hit it:
+/// its BlockDevice `Failed`, the node's pool `Degraded` with the errors named, a
+/// `DiskFailing` Event, and the data still read intact from the other copy.
+#[tokio::test]
+async fn a_raid1_member_with_checksum_errors_is_reported_failing() {
+    let client = support::client().await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let pool_api: Api<StoragePool> = Api::all(client.clone());
+    let device_api: Api<BlockDevice> = Api::all(client.clone());
+    let pid = std::process::id();
+    let group = format!("failing-{pid}");
+    let node = format!("pools-n6-{pid}");
+    let pool = format!("failing-{pid}");
+
+    let scratch = Scratch::new("failing");
+    let mut objects = Objects::default();
+    let mut loops = Loops::default();
+    let unmount = Unmount {
+        root: scratch.pool_root(),
+    };
+    objects.nodes.push(node.clone());
+    create_node(&node_api, &node, &group).await;
+    let dir = scratch.node_dir(&node);
+    let good = loops.attach(&disk_file(&dir, "good.img"));
+    let bad_file = disk_file(&dir, "bad.img");
+    let bad = loops.attach(&bad_file);
+    let mut agent = Agent::start(&node, &dir, &scratch.pool_root(), &scratch.dir);
+
+    objects.pools.push(pool.clone());
+    objects.classes.push(pool.clone());
+    create_pool(&pool_api, &pool, &group, "raid1").await;
+    wait_node(&pool_api, &pool, &node, "Healthy with two disks", |e| {
+        e.health.as_deref() == Some("Healthy") && e.disks.len() == 2
+    })
+    .await;
+    let mount = scratch.pool_root().join(&node).join(&pool);
+    // 32 MiB of data that is not all zeros, on both copies.
+    let data: Vec<u8> = (0..32 * MIB as usize).map(|i| (i % 251) as u8).collect();
+    fs::write(mount.join("kept.bin"), &data).expect("writing to the pool");
+    run("sync", &[]);
+
+    // The member's blocks turn to zeros behind btrfs's back (the loop device reads the
+    // file); reads with the page cache dropped then hit checksum errors on it, which
+    // btrfs repairs from the other copy and counts.
+    run(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={}", bad_file.display()),
+            "bs=1M",
+            "count=256",
+            "conv=notrunc",
+            "status=none",
+        ],
+    );
+    let corrupted = Instant::now();
+    let deadline = corrupted + Duration::from_secs(60);
+    loop {
+        fs::write("/proc/sys/vm/drop_caches", "3").expect("dropping the page cache");
+        // Separate processes: btrfs picks a raid1 copy by the reader's pid.
+        for _ in 0..4 {
+            let read = Command::new("cat")
+                .arg(mount.join("kept.bin"))
+                .output()
+                .expect("reading the file");
+            assert!(read.status.success(), "reading from the pool failed");
+            assert!(read.stdout == data, "the pool returned other data");
+        }
+        let stats = run("btrfs", &["device", "stats", &mount.to_string_lossy()]);
+        if stats
+            .lines()
+            .any(|line| line.starts_with(&format!("[{bad}].")) && !line.trim().ends_with(" 0"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "btrfs counted no error on {bad}: {stats}"
+        );
+    }
+    let counted = Instant::now();
+    let entry = wait_node(
+        &pool_api,
+        &pool,
+        &node,
+        "Degraded by the failing disk",
+        |e| e.health.as_deref() == Some("Degraded"),
+    )
+    .await;
+    println!(
+        "{node}: Degraded {:.2} s after btrfs counted the errors ({:.2} s after the corruption)",
+        counted.elapsed().as_secs_f64(),
+        corrupted.elapsed().as_secs_f64()
+    );
+    let message = entry.message.clone().unwrap_or_default();
+    assert!(
+        message.starts_with("1 disk reports I/O or checksum errors: ") && message.contains(&bad),
+        "{message}"
+    );
+    let states: Vec<(String, Option<String>)> = entry
+        .disks
+        .iter()
+        .map(|d| (d.path.clone(), d.state.clone()))
+        .collect();
+    assert!(
+        states.contains(&(bad.clone(), Some("Failing".into()))),
+        "{states:?}"
+    );
+    assert!(
+        states.contains(&(good.clone(), Some("Online".into()))),
+        "{states:?}"
+    );
+    let devices = device_api
+        .list(&ListParams::default().labels(&format!("castellan.io/node={node}")))
+        .await
+        .expect("listing BlockDevices");
+    let failed = devices
+        .items
+        .iter()
+        .find(|device| device.spec.path == bad)
+        .and_then(|device| device.status.clone())
+        .unwrap_or_default();
+    assert_eq!(failed.state, Some(BlockDeviceState::Failed), "{failed:?}");
+    let events = support::kubectl_ok(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        &format!("involvedObject.name={pool},reason=DiskFailing"),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(events.contains(&bad), "no DiskFailing Event: {events:?}");
+    assert_eq!(
+        fs::read(mount.join("kept.bin")).expect("reading after the failure"),
+        data
+    );
+
+    agent.stop();
+    unmount.all();
+    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+}

@@ -179,6 +179,79 @@ impl Usage {
     }
 }
 
+/// The error counters btrfs keeps per device of a filesystem (`btrfs device stats`),
+/// cumulative over the filesystem's life: any of them above zero means the disk has
+/// failed reads, writes or checksums, and the layout's other copy is what is served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceErrors {
+    pub write: u64,
+    pub read: u64,
+    pub flush: u64,
+    pub corruption: u64,
+    pub generation: u64,
+}
+
+impl DeviceErrors {
+    pub fn any(&self) -> bool {
+        self.write + self.read + self.flush + self.corruption + self.generation > 0
+    }
+}
+
+impl std::fmt::Display for DeviceErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let counts = [
+            (self.read, "read"),
+            (self.write, "write"),
+            (self.flush, "flush"),
+            (self.corruption, "corruption"),
+            (self.generation, "generation"),
+        ];
+        let shown: Vec<String> = counts
+            .iter()
+            .filter(|(count, _)| *count > 0)
+            .map(|(count, kind)| format!("{count} {kind}"))
+            .collect();
+        if shown.is_empty() {
+            write!(f, "no errors")
+        } else {
+            write!(f, "{} errors", shown.join(", "))
+        }
+    }
+}
+
+/// Parses `btrfs device stats <mount point>`: `[/dev/sdb].corruption_errs  3` lines,
+/// by device path. Devices btrfs cannot find show as `[devid:N]` and are left out.
+pub fn parse_device_stats(text: &str) -> std::collections::BTreeMap<String, DeviceErrors> {
+    let mut stats: std::collections::BTreeMap<String, DeviceErrors> = Default::default();
+    for line in text.lines() {
+        let Some((device, rest)) = line
+            .trim()
+            .strip_prefix('[')
+            .and_then(|l| l.split_once("]."))
+        else {
+            continue;
+        };
+        if !device.starts_with('/') {
+            continue;
+        }
+        let mut words = rest.split_whitespace();
+        let (Some(counter), Some(Ok(count))) = (words.next(), words.next().map(str::parse::<u64>))
+        else {
+            continue;
+        };
+        let entry = stats.entry(device.to_string()).or_default();
+        match counter {
+            "write_io_errs" => entry.write = count,
+            "read_io_errs" => entry.read = count,
+            "flush_io_errs" => entry.flush = count,
+            "corruption_errs" => entry.corruption = count,
+            "generation_errs" => entry.generation = count,
+            _ => {}
+        }
+    }
+    stats
+}
+
 /// Parses the "Overall" block of `btrfs filesystem usage -b`.
 pub fn parse_usage(text: &str) -> Option<Usage> {
     let field = |name: &str| {
@@ -231,6 +304,32 @@ pub fn parse_volume_quotas(text: &str) -> Option<BTreeMap<String, Option<u64>>> 
 #[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_stats_are_read_by_device() {
+        let text = "[/dev/loop0].write_io_errs    0\n[/dev/loop0].read_io_errs     0\n\
+                    [/dev/loop0].flush_io_errs    0\n[/dev/loop0].corruption_errs  0\n\
+                    [/dev/loop0].generation_errs  0\n[/dev/loop1].write_io_errs    0\n\
+                    [/dev/loop1].read_io_errs     2\n[/dev/loop1].flush_io_errs    0\n\
+                    [/dev/loop1].corruption_errs  17\n[/dev/loop1].generation_errs  0\n\
+                    [devid:3].write_io_errs    0\n";
+        let stats = parse_device_stats(text);
+        assert_eq!(stats.len(), 2);
+        assert!(!stats["/dev/loop0"].any());
+        assert_eq!(
+            stats["/dev/loop1"],
+            DeviceErrors {
+                read: 2,
+                corruption: 17,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            stats["/dev/loop1"].to_string(),
+            "2 read, 17 corruption errors"
+        );
+        assert_eq!(stats["/dev/loop0"].to_string(), "no errors");
+    }
 
     // Captured on the development machine: a raid1 over two 300 MiB loop devices…
     const SHOW: &str = "Label: 'castellan-p1'  uuid: d8eb3e79-2675-438a-bd73-f8aec7307bd9

@@ -148,6 +148,11 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
         Duration::from_secs(args.pool_poll_seconds.max(1)),
         triggers.clone(),
     ));
+    let checking = tokio::spawn(watch_device_errors(
+        args.pool_root.join(&node),
+        Duration::from_secs(args.pool_poll_seconds.max(1)),
+        triggers.clone(),
+    ));
     let (volume_triggers, mut volume_passes) = mpsc::channel(1);
     let (retries, mut retry_passes) = mpsc::channel(1);
     let watching = tokio::spawn(watch_volumes(client, volume_triggers));
@@ -209,6 +214,7 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     tracing::info!(%node, "agent stopping");
     listening.abort();
     polling.abort();
+    checking.abort();
     watching.abort();
     Ok(())
 }
@@ -269,6 +275,39 @@ async fn rescan(
 /// Triggers a look whenever the set of pools or one's spec changes (its generation),
 /// and once at start. A plain poll, not a watch: a handful of small objects, and no
 /// stream plumbing to keep alive.
+/// Looks at the error counters of this node's mounted pools every `period` and asks
+/// for a look when they change, so that a failing member shows on its BlockDevice and
+/// the pool within seconds, not at the next scrub or periodic rescan (a read that
+/// btrfs served from the other copy raises no uevent).
+async fn watch_device_errors(mounts: PathBuf, period: Duration, triggers: mpsc::Sender<()>) {
+    let mut last: Option<Vec<(String, String)>> = None;
+    let mut interval = tokio::time::interval(period);
+    loop {
+        interval.tick().await;
+        let dir = mounts.clone();
+        let seen = tokio::task::spawn_blocking(move || {
+            let mut seen = Vec::new();
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                for (path, errors) in pools::failing_members(&entry.path()) {
+                    seen.push((path, errors.to_string()));
+                }
+            }
+            seen.sort();
+            seen
+        })
+        .await
+        .unwrap_or_default();
+        if last.as_ref() != Some(&seen) {
+            if last.is_some() {
+                tracing::info!(failing = ?seen, "pool members' error counters changed");
+                // Full channel: a look is already due, which will see the change.
+                let _ = triggers.try_send(());
+            }
+            last = Some(seen);
+        }
+    }
+}
+
 async fn poll_pools(client: Client, period: Duration, triggers: mpsc::Sender<()>) {
     let api = Api::<StoragePool>::all(client);
     let mut last: Option<Vec<(String, Option<i64>)>> = None;

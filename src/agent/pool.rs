@@ -14,7 +14,7 @@
 use castellan_crds::block_device::BlockDeviceState;
 use castellan_crds::storage_pool::{Layout, PoolDisk, PoolNodeStatus, RejectedDisk};
 
-use super::btrfs::{self, Show, Usage};
+use super::btrfs::{self, DeviceErrors, Show, Usage};
 use super::claim::{Claim, Decision, LayoutShortfall};
 
 /// The node's btrfs for the pool, as found before planning.
@@ -176,6 +176,7 @@ pub fn to_mark_in_use(
     pool: &str,
     decision: &Decision,
     show: Option<&Show>,
+    failing: &[(String, DeviceErrors)],
     current: &[DeviceState<'_>],
 ) -> Vec<String> {
     let Some(show) = show else {
@@ -189,6 +190,8 @@ pub fn to_mark_in_use(
                 .iter()
                 .any(|device| device.path.as_deref() == Some(claim.path.as_str()))
         })
+        // A failing member is reported `Failed`, not put back `InUse`.
+        .filter(|claim| !failing.iter().any(|(path, _)| path == &claim.path))
         .filter(|claim| {
             !current.iter().any(|(name, state, owner)| {
                 *name == claim.block_device
@@ -218,6 +221,8 @@ pub struct Outcome<'a> {
     pub error: Option<&'a str>,
     /// Bytes promised to volumes (no volumes yet: 0).
     pub allocated_bytes: u64,
+    /// Members whose btrfs error counters are above zero, by path.
+    pub failing: &'a [(String, DeviceErrors)],
 }
 
 /// The node's entry of `status.nodes`.
@@ -232,13 +237,14 @@ pub fn node_status(
         for device in &show.devices {
             let Some(path) = &device.path else { continue };
             let claim = decision.claims.iter().find(|claim| &claim.path == path);
+            let failing = outcome.failing.iter().any(|(failing, _)| failing == path);
             disks.push(PoolDisk {
                 block_device: claim
                     .map(|claim| claim.block_device.clone())
                     .unwrap_or_default(),
                 path: path.clone(),
                 size_bytes: i64::try_from(device.size_bytes).unwrap_or(i64::MAX),
-                state: Some("Online".into()),
+                state: Some(if failing { "Failing" } else { "Online" }.into()),
             });
         }
     }
@@ -290,6 +296,25 @@ pub fn node_status(
             DEGRADED,
             Some(format!(
                 "{missing} {noun} missing{which}; mounted degraded, data stays readable while the layout keeps a copy"
+            )),
+        )
+    } else if !outcome.failing.is_empty() {
+        let which: Vec<String> = outcome
+            .failing
+            .iter()
+            .map(|(path, errors)| format!("{path} ({errors})"))
+            .collect();
+        let noun = if which.len() == 1 {
+            "disk reports"
+        } else {
+            "disks report"
+        };
+        (
+            DEGRADED,
+            Some(format!(
+                "{} {noun} I/O or checksum errors: {}; reads are served from the layout's other copy where it keeps one; replace the disk",
+                which.len(),
+                which.join(", ")
             )),
         )
     } else {
@@ -555,12 +580,15 @@ mod tests {
         ];
         // Claimed -> InUse (b), Unclaimed -> InUse (d); InUse stays (a); not in the
         // filesystem stays Claimed (c).
-        assert_eq!(to_mark_in_use("p", &d, Some(&s), &current), ["b", "d"]);
+        assert_eq!(to_mark_in_use("p", &d, Some(&s), &[], &current), ["b", "d"]);
+        // A member with errors stays Failed.
+        let failing = [(d.claims[1].path.clone(), DeviceErrors::default())];
+        assert_eq!(to_mark_in_use("p", &d, Some(&s), &failing, &current), ["d"]);
         // Not mounted: nothing can be shown in use.
-        assert!(to_mark_in_use("p", &d, None, &current).is_empty());
+        assert!(to_mark_in_use("p", &d, None, &[], &current).is_empty());
         // InUse by another pool's name is rewritten (the label is the truth).
         let other = [("a", Some(BlockDeviceState::InUse), Some("q"))];
-        assert!(to_mark_in_use("p", &d, Some(&s), &other).contains(&"a".to_string()));
+        assert!(to_mark_in_use("p", &d, Some(&s), &[], &other).contains(&"a".to_string()));
     }
 
     #[test]
@@ -690,5 +718,46 @@ mod tests {
             &Outcome::default(),
         );
         assert_eq!(status.health.as_deref(), Some(PENDING));
+    }
+
+    #[test]
+    fn a_member_with_errors_degrades_the_node_and_is_shown_failing() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("b", "/dev/l1", true, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let s = show(&[Some("/dev/l0"), Some("/dev/l1")]);
+        let u = usage();
+        let failing = [(
+            "/dev/l1".to_string(),
+            DeviceErrors {
+                corruption: 17,
+                ..Default::default()
+            },
+        )];
+        let status = node_status(
+            "n1",
+            &d,
+            &[],
+            &Outcome {
+                show: Some(&s),
+                usage: Some(&u),
+                failing: &failing,
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(DEGRADED));
+        assert_eq!(
+            status.message.as_deref(),
+            Some(
+                "1 disk reports I/O or checksum errors: /dev/l1 (17 corruption errors); reads are served from the layout's other copy where it keeps one; replace the disk"
+            )
+        );
+        let states: Vec<_> = status.disks.iter().map(|d| d.state.as_deref()).collect();
+        assert_eq!(states, [Some("Online"), Some("Failing")]);
     }
 }

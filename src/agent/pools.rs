@@ -230,8 +230,13 @@ impl Pools {
                 self.apply_deleting(pool, "VolumesExist", &message).await?;
                 if self.first_report(&pool.uid().unwrap_or_default(), &message) {
                     tracing::warn!(node = %self.node, pool = %name, %message, "pool deletion blocked");
-                    self.event(pool, EventType::Warning, "DeletionBlocked", message)
-                        .await;
+                    self.event(
+                        pool,
+                        EventType::Warning,
+                        ("DeletionBlocked", "Delete"),
+                        message,
+                    )
+                    .await;
                 }
                 return Ok(Next::default());
             }
@@ -436,12 +441,18 @@ impl Pools {
         self.reported.first(uid, message)
     }
 
-    async fn event(&self, pool: &StoragePool, kind: EventType, reason: &str, note: String) {
+    async fn event(
+        &self,
+        pool: &StoragePool,
+        kind: EventType,
+        (reason, action): (&str, &str),
+        note: String,
+    ) {
         let event = Event {
             type_: kind,
             reason: reason.to_string(),
             note: Some(note),
-            action: "Delete".to_string(),
+            action: action.to_string(),
             secondary: None,
         };
         if let Err(error) = self.recorder.publish(&event, &pool.object_ref(&())).await {
@@ -566,11 +577,44 @@ impl Pools {
                 error = Some(message);
             }
         }
-        let (show, usage, allocated_bytes) = {
+        let (show, usage, allocated_bytes, failing) = {
             let path = mount_path.clone();
-            blocking((None, None, 0), move || current_filesystem(&path)).await
+            blocking((None, None, 0, Vec::new()), move || {
+                current_filesystem(&path)
+            })
+            .await
         };
-        for device in pool::to_mark_in_use(&name, &decision, show.as_ref(), &current) {
+        for (path, errors) in &failing {
+            let Some(claim) = decision.claims.iter().find(|claim| &claim.path == path) else {
+                continue;
+            };
+            let failed = current.iter().any(|(device, state, _)| {
+                *device == claim.block_device && *state == Some(BlockDeviceState::Failed)
+            });
+            if !failed {
+                let message = format!(
+                    "member of pool {name} with {errors} counted by btrfs (btrfs device stats); replace it"
+                );
+                tracing::warn!(node = %self.node, pool = %name, device = %claim.block_device, %path, %errors, "a pool member is failing");
+                self.apply_device(
+                    &claim.block_device,
+                    BlockDeviceState::Failed,
+                    &name,
+                    message,
+                )
+                .await?;
+            }
+            let uid = pool.metadata.uid.clone().unwrap_or_default();
+            let note = format!(
+                "{path} ({}) on node {} reports {errors}: pool {name} is degraded there",
+                claim.block_device, self.node
+            );
+            if self.first_report(&uid, &format!("failing {}", claim.block_device)) {
+                self.event(pool, EventType::Warning, ("DiskFailing", "Monitor"), note)
+                    .await;
+            }
+        }
+        for device in pool::to_mark_in_use(&name, &decision, show.as_ref(), &failing, &current) {
             self.apply_device(
                 &device,
                 BlockDeviceState::InUse,
@@ -590,6 +634,7 @@ impl Pools {
                 blocked: blocked.as_ref(),
                 error: error.as_deref(),
                 allocated_bytes,
+                failing: &failing,
             },
         );
         if let Some(Blocked::Shortfall(shortfall)) = &blocked {
@@ -848,16 +893,33 @@ fn mounted_show(mount_path: &Path) -> Option<Show> {
 
 /// `btrfs filesystem show` and `usage` of the mounted pool, if mounted, and the bytes
 /// allocated to its volumes (the sum of their quotas).
-fn current_filesystem(mount_path: &Path) -> (Option<Show>, Option<Usage>, u64) {
+fn current_filesystem(mount_path: &Path) -> (Option<Show>, Option<Usage>, u64, Failing) {
     let Some(show) = mounted_show(mount_path) else {
-        return (None, None, 0);
+        return (None, None, 0, Vec::new());
     };
     let path = mount_path.to_string_lossy();
     let usage = run("btrfs", &["filesystem", "usage", "-b", &path])
         .ok()
         .and_then(|text| btrfs::parse_usage(&text));
     let allocated = super::volumes::allocated_bytes(mount_path).unwrap_or(0);
-    (Some(show), usage, allocated)
+    (Some(show), usage, allocated, failing_members(mount_path))
+}
+
+/// The members of the pool mounted at `mount_path` whose btrfs error counters are
+/// above zero, by path.
+type Failing = Vec<(String, btrfs::DeviceErrors)>;
+
+/// `btrfs device stats` of a mounted pool, the members with errors only (none when the
+/// command fails: a pool that cannot be read is reported by its other checks).
+pub fn failing_members(mount_path: &Path) -> Failing {
+    run("btrfs", &["device", "stats", &mount_path.to_string_lossy()])
+        .map(|text| {
+            btrfs::parse_device_stats(&text)
+                .into_iter()
+                .filter(|(_, errors)| errors.any())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Runs the steps in order, stopping at the first failure, whose error is returned.
