@@ -375,18 +375,7 @@ async fn major_upgrade(
     println!("  {cluster}: pgbench -i -s {scale} on {primary_pod} ({address}) …");
     let password = secret_value(ns, &format!("{cluster}-app"), "password");
     let started = Instant::now();
-    let output = Command::new("/usr/lib/postgresql/15/bin/pgbench")
-        .args(["-i", "-s", &scale.to_string(), "-q", "-h", &address])
-        .args(["-U", "clerk", "shop"])
-        .env("PGPASSWORD", &password)
-        .env("PGSSLMODE", "require")
-        .output()
-        .expect("running pgbench");
-    assert!(
-        output.status.success(),
-        "pgbench -i: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    support::postgres::pgbench_init(&address, &password, scale);
     let load = started.elapsed();
     wait_caught_up(ns, cluster, instances, diagnostics);
     let mut superuser = try_superuser(ns, cluster, &primary_pod)

@@ -300,6 +300,85 @@ fn btrfs_devices(mount: &Path) -> usize {
     .count()
 }
 
+/// A test's own simulated node with one pool: its disks' directory, the names, and the
+/// guards that undo it all. Fields drop in order: the agent stops, the pool unmounts,
+/// the loops detach, the objects go, the scratch directory goes.
+struct OneNode {
+    agent: Option<Agent>,
+    unmount: Unmount,
+    loops: Loops,
+    objects: Objects,
+    scratch: Scratch,
+    node: String,
+    pool: String,
+    group: String,
+    dir: PathBuf,
+    node_api: Api<Node>,
+    pool_api: Api<StoragePool>,
+}
+
+impl OneNode {
+    /// Node `pools-n<number>-<pid>` in a group of its own, for pool `<tag>-<pid>`.
+    async fn new(tag: &str, number: u32) -> Self {
+        let client = support::client().await;
+        let pid = std::process::id();
+        let scratch = Scratch::new(tag);
+        let mut this = Self {
+            agent: None,
+            unmount: Unmount {
+                root: scratch.pool_root(),
+            },
+            loops: Loops::default(),
+            objects: Objects::default(),
+            node: format!("pools-n{number}-{pid}"),
+            pool: format!("{tag}-{pid}"),
+            group: format!("{tag}-{pid}"),
+            dir: PathBuf::new(),
+            node_api: Api::all(client.clone()),
+            pool_api: Api::all(client),
+            scratch,
+        };
+        this.objects.nodes.push(this.node.clone());
+        create_node(&this.node_api, &this.node, &this.group).await;
+        this.dir = this.scratch.node_dir(&this.node);
+        this
+    }
+
+    /// A new 256 MiB disk of the node (its loop device path).
+    fn disk(&mut self, name: &str) -> String {
+        self.loops.attach(&disk_file(&self.dir, name))
+    }
+
+    fn start_agent(&mut self, env: &[(&str, &str)]) {
+        self.agent = Some(Agent::start_with_env(
+            &self.node,
+            &self.dir,
+            &self.scratch.pool_root(),
+            &self.scratch.dir,
+            env,
+        ));
+    }
+
+    async fn create_pool(&mut self, layout: &str) {
+        self.objects.pools.push(self.pool.clone());
+        self.objects.classes.push(self.pool.clone());
+        create_pool(&self.pool_api, &self.pool, &self.group, layout).await;
+    }
+
+    async fn wait(&self, what: &str, ready: impl Fn(&PoolNodeStatus) -> bool) -> PoolNodeStatus {
+        wait_node(&self.pool_api, &self.pool, &self.node, what, ready).await
+    }
+
+    /// Stops the agent, unmounts the pool and proves nothing of the test's is mounted.
+    fn finish(mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            agent.stop();
+        }
+        self.unmount.all();
+        assert_eq!(mounts_under(&self.scratch.dir), Vec::<String>::new());
+    }
+}
+
 #[tokio::test]
 async fn raid1_on_two_nodes_claims_clean_disks_takes_dirty_ones_with_wipe_grows_and_degrades() {
     let client = support::client().await;
@@ -547,33 +626,15 @@ async fn raid1_on_two_nodes_claims_clean_disks_takes_dirty_ones_with_wipe_grows_
 
 #[tokio::test]
 async fn raid1_with_one_disk_is_refused_with_a_reason() {
-    let client = support::client().await;
-    let node_api: Api<Node> = Api::all(client.clone());
-    let pool_api: Api<StoragePool> = Api::all(client.clone());
-    let pid = std::process::id();
-    let group = format!("single-disk-{pid}");
-    let node = format!("pools-n3-{pid}");
-    let pool = format!("lonely-{pid}");
-
-    let scratch = Scratch::new("lonely");
-    let mut objects = Objects::default();
-    let mut loops = Loops::default();
-    let unmount = Unmount {
-        root: scratch.pool_root(),
-    };
-    objects.nodes.push(node.clone());
-    create_node(&node_api, &node, &group).await;
-    let dir = scratch.node_dir(&node);
-    let disk = loops.attach(&disk_file(&dir, "only.img"));
-    let mut agent = Agent::start(&node, &dir, &scratch.pool_root(), &scratch.dir);
-
-    objects.pools.push(pool.clone());
-    objects.classes.push(pool.clone());
-    create_pool(&pool_api, &pool, &group, "raid1").await;
-    let entry = wait_node(&pool_api, &pool, &node, "Pending", |e| {
-        e.health.as_deref() == Some("Pending") && e.message.is_some()
-    })
-    .await;
+    let mut setup = OneNode::new("lonely", 3).await;
+    let disk = setup.disk("only.img");
+    setup.start_agent(&[]);
+    setup.create_pool("raid1").await;
+    let entry = setup
+        .wait("Pending", |e| {
+            e.health.as_deref() == Some("Pending") && e.message.is_some()
+        })
+        .await;
     assert_eq!(
         entry.message.as_deref(),
         Some("no filesystem built: layout raid1 needs at least 2 disks, and 1 disk can be claimed")
@@ -588,9 +649,10 @@ async fn raid1_with_one_disk_is_refused_with_a_reason() {
 
     // The node leaves the pool's selector: its entry goes (on the next look, which a
     // new disk's uevent triggers), and the totals follow.
-    node_api
+    setup
+        .node_api
         .patch(
-            &node,
+            &setup.node,
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({
                 "metadata": { "labels": { "castellan.io/test-pools": null } }
@@ -598,16 +660,16 @@ async fn raid1_with_one_disk_is_refused_with_a_reason() {
         )
         .await
         .expect("removing the Node's label");
-    loops.attach(&disk_file(&dir, "trigger.img"));
-    let left = wait_pool(&pool_api, &pool, "without the node's entry", |status| {
-        status.nodes.is_empty() && status.ready_nodes == Some(0)
-    })
+    setup.disk("trigger.img");
+    let left = wait_pool(
+        &setup.pool_api,
+        &setup.pool,
+        "without the node's entry",
+        |status| status.nodes.is_empty() && status.ready_nodes == Some(0),
+    )
     .await;
     assert_eq!(left.phase.as_deref(), Some("Pending"), "{left:#?}");
-
-    agent.stop();
-    unmount.all();
-    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+    setup.finish();
 }
 
 /// A btrfs filesystem of someone else's over two disks, mounted through the first: the
@@ -615,30 +677,14 @@ async fn raid1_with_one_disk_is_refused_with_a_reason() {
 /// may wipe (`allowWipe`) and whose filter matches both takes neither, and says why.
 #[tokio::test]
 async fn a_foreign_two_device_btrfs_with_one_member_mounted_is_never_touched() {
-    let client = support::client().await;
-    let node_api: Api<Node> = Api::all(client.clone());
-    let pool_api: Api<StoragePool> = Api::all(client.clone());
-    let pid = std::process::id();
-    let group = format!("foreign-{pid}");
-    let node = format!("pools-n4-{pid}");
-    let pool = format!("greedy-{pid}");
-
-    let scratch = Scratch::new("foreign");
-    let mut objects = Objects::default();
-    let mut loops = Loops::default();
-    let unmount = Unmount {
-        root: scratch.pool_root(),
-    };
-    let foreign_mount = scratch.dir.join("foreign");
+    let mut setup = OneNode::new("foreign", 4).await;
+    let foreign_mount = setup.scratch.dir.join("foreign");
     fs::create_dir_all(&foreign_mount).expect("creating the foreign mount point");
     let unmount_foreign = Unmount {
         root: foreign_mount.clone(),
     };
-    objects.nodes.push(node.clone());
-    create_node(&node_api, &node, &group).await;
-    let dir = scratch.node_dir(&node);
-    let first = loops.attach(&disk_file(&dir, "foreign-a.img"));
-    let second = loops.attach(&disk_file(&dir, "foreign-b.img"));
+    let first = setup.disk("foreign-a.img");
+    let second = setup.disk("foreign-b.img");
     run(
         "mkfs.btrfs",
         &[
@@ -648,26 +694,26 @@ async fn a_foreign_two_device_btrfs_with_one_member_mounted_is_never_touched() {
     run("mount", &[&first, &foreign_mount.to_string_lossy()]);
     fs::write(foreign_mount.join("theirs.txt"), b"not yours").expect("writing their file");
     run("sync", &[]);
-    let mut agent = Agent::start(&node, &dir, &scratch.pool_root(), &scratch.dir);
+    setup.start_agent(&[]);
 
-    objects.pools.push(pool.clone());
-    objects.classes.push(pool.clone());
-    create_pool(&pool_api, &pool, &group, "single").await;
-    pool_api
+    setup.create_pool("single").await;
+    setup
+        .pool_api
         .patch(
-            &pool,
+            &setup.pool,
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({ "spec": { "devices": { "allowWipe": true } } })),
         )
         .await
         .expect("setting allowWipe");
     let mounted_at = format!("is mounted at {}", foreign_mount.display());
-    let entry = wait_node(&pool_api, &pool, &node, "both members refused", |e| {
-        [&first, &second]
-            .iter()
-            .all(|path| e.rejected.iter().any(|r| &&r.path == path))
-    })
-    .await;
+    let entry = setup
+        .wait("both members refused", |e| {
+            [&first, &second]
+                .iter()
+                .all(|path| e.rejected.iter().any(|r| &&r.path == path))
+        })
+        .await;
     for path in [&first, &second] {
         let reason = entry
             .rejected
@@ -700,10 +746,8 @@ async fn a_foreign_two_device_btrfs_with_one_member_mounted_is_never_touched() {
         "the unmounted member was wiped"
     );
 
-    agent.stop();
     unmount_foreign.all();
-    unmount.all();
-    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+    setup.finish();
 }
 
 /// A pool's creation is a trace: the agent exports over OTLP as the operator does, a
@@ -711,44 +755,17 @@ async fn a_foreign_two_device_btrfs_with_one_member_mounted_is_never_touched() {
 #[tokio::test]
 async fn a_pools_creation_is_a_trace() {
     let receiver = Receiver::start(47401);
-    let client = support::client().await;
-    let node_api: Api<Node> = Api::all(client.clone());
-    let pool_api: Api<StoragePool> = Api::all(client.clone());
-    let pid = std::process::id();
-    let group = format!("traced-{pid}");
-    let node = format!("pools-n5-{pid}");
-    let pool = format!("traced-{pid}");
-
-    let scratch = Scratch::new("traced");
-    let mut objects = Objects::default();
-    let mut loops = Loops::default();
-    let unmount = Unmount {
-        root: scratch.pool_root(),
-    };
-    objects.nodes.push(node.clone());
-    create_node(&node_api, &node, &group).await;
-    let dir = scratch.node_dir(&node);
-    loops.attach(&disk_file(&dir, "traced.img"));
-    let endpoint = "http://127.0.0.1:47401";
-    let mut agent = Agent::start_with_env(
-        &node,
-        &dir,
-        &scratch.pool_root(),
-        &scratch.dir,
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
-            // Exported within half a second: the agent is killed, not stopped.
-            ("OTEL_BSP_SCHEDULE_DELAY", "500"),
-        ],
-    );
-
-    objects.pools.push(pool.clone());
-    objects.classes.push(pool.clone());
-    create_pool(&pool_api, &pool, &group, "single").await;
-    wait_node(&pool_api, &pool, &node, "Healthy", |e| {
-        e.health.as_deref() == Some("Healthy")
-    })
-    .await;
+    let mut setup = OneNode::new("traced", 5).await;
+    setup.disk("traced.img");
+    setup.start_agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:47401"),
+        // Exported within half a second: the agent is killed, not stopped.
+        ("OTEL_BSP_SCHEDULE_DELAY", "500"),
+    ]);
+    setup.create_pool("single").await;
+    setup
+        .wait("Healthy", |e| e.health.as_deref() == Some("Healthy"))
+        .await;
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let (root, steps) = loop {
@@ -776,13 +793,11 @@ async fn a_pools_creation_is_a_trace() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     println!(
-        "pool {pool}: trace {} with {steps} steps (mkfs, mount, quota)",
-        root.trace
+        "pool {}: trace {} with {steps} steps (mkfs, mount, quota)",
+        setup.pool, root.trace
     );
 
-    agent.stop();
-    unmount.all();
-    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+    setup.finish();
 }
 
 /// A raid1 member that returns garbage (its backing file zeroed under the mounted pool)
@@ -791,37 +806,20 @@ async fn a_pools_creation_is_a_trace() {
 /// `DiskFailing` Event, and the data still read intact from the other copy.
 #[tokio::test]
 async fn a_raid1_member_with_checksum_errors_is_reported_failing() {
-    let client = support::client().await;
-    let node_api: Api<Node> = Api::all(client.clone());
-    let pool_api: Api<StoragePool> = Api::all(client.clone());
-    let device_api: Api<BlockDevice> = Api::all(client.clone());
-    let pid = std::process::id();
-    let group = format!("failing-{pid}");
-    let node = format!("pools-n6-{pid}");
-    let pool = format!("failing-{pid}");
-
-    let scratch = Scratch::new("failing");
-    let mut objects = Objects::default();
-    let mut loops = Loops::default();
-    let unmount = Unmount {
-        root: scratch.pool_root(),
-    };
-    objects.nodes.push(node.clone());
-    create_node(&node_api, &node, &group).await;
-    let dir = scratch.node_dir(&node);
-    let good = loops.attach(&disk_file(&dir, "good.img"));
-    let bad_file = disk_file(&dir, "bad.img");
-    let bad = loops.attach(&bad_file);
-    let mut agent = Agent::start(&node, &dir, &scratch.pool_root(), &scratch.dir);
-
-    objects.pools.push(pool.clone());
-    objects.classes.push(pool.clone());
-    create_pool(&pool_api, &pool, &group, "raid1").await;
-    wait_node(&pool_api, &pool, &node, "Healthy with two disks", |e| {
-        e.health.as_deref() == Some("Healthy") && e.disks.len() == 2
-    })
-    .await;
-    let mount = scratch.pool_root().join(&node).join(&pool);
+    let mut setup = OneNode::new("failing", 6).await;
+    let device_api: Api<BlockDevice> = Api::all(support::client().await);
+    let good = setup.disk("good.img");
+    let bad = setup.disk("bad.img");
+    let bad_file = setup.dir.join("bad.img");
+    setup.start_agent(&[]);
+    setup.create_pool("raid1").await;
+    setup
+        .wait("Healthy with two disks", |e| {
+            e.health.as_deref() == Some("Healthy") && e.disks.len() == 2
+        })
+        .await;
+    let (node, pool) = (setup.node.clone(), setup.pool.clone());
+    let mount = setup.scratch.pool_root().join(&node).join(&pool);
     // 32 MiB of data that is not all zeros, on both copies.
     let data: Vec<u8> = (0..32 * MIB as usize).map(|i| (i % 251) as u8).collect();
     fs::write(mount.join("kept.bin"), &data).expect("writing to the pool");
@@ -867,14 +865,11 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing() {
         );
     }
     let counted = Instant::now();
-    let entry = wait_node(
-        &pool_api,
-        &pool,
-        &node,
-        "Degraded by the failing disk",
-        |e| e.health.as_deref() == Some("Degraded"),
-    )
-    .await;
+    let entry = setup
+        .wait("Degraded by the failing disk", |e| {
+            e.health.as_deref() == Some("Degraded")
+        })
+        .await;
     println!(
         "{node}: Degraded {:.2} s after btrfs counted the errors ({:.2} s after the corruption)",
         counted.elapsed().as_secs_f64(),
@@ -924,7 +919,5 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing() {
         data
     );
 
-    agent.stop();
-    unmount.all();
-    assert_eq!(mounts_under(&scratch.dir), Vec::<String>::new());
+    setup.finish();
 }

@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use sqlx::PgConnection;
@@ -91,17 +90,7 @@ async fn every_instance_counts(namespace: &str, cluster: &str, table: &str, rows
 fn pgbench_init(namespace: &str, cluster: &str) {
     let host = primary_address(namespace, cluster);
     let password = secret_value(namespace, &format!("{cluster}-app"), "password");
-    let output = Command::new("/usr/lib/postgresql/15/bin/pgbench")
-        .args(["-i", "-s", "1", "-q", "-h", &host, "-U", "clerk", "shop"])
-        .env("PGPASSWORD", password)
-        .env("PGSSLMODE", "require")
-        .output()
-        .expect("running pgbench");
-    assert!(
-        output.status.success(),
-        "pgbench -i: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    support::postgres::pgbench_init(&host, &password, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -585,31 +585,32 @@ impl Pools {
             .await
         };
         for (path, errors) in &failing {
-            let Some(claim) = decision.claims.iter().find(|claim| &claim.path == path) else {
+            // By what is attached at that path: a member whose superblock is among what
+            // it lost carries no label any more and is no claim of the pool's.
+            let Some(device) = observed
+                .iter()
+                .find(|device| &device.spec.path == path)
+                .map(|device| device.name.as_str())
+            else {
                 continue;
             };
-            let failed = current.iter().any(|(device, state, _)| {
-                *device == claim.block_device && *state == Some(BlockDeviceState::Failed)
+            let failed = current.iter().any(|(name, state, _)| {
+                *name == device && *state == Some(BlockDeviceState::Failed)
             });
             if !failed {
                 let message = format!(
                     "member of pool {name} with {errors} counted by btrfs (btrfs device stats); replace it"
                 );
-                tracing::warn!(node = %self.node, pool = %name, device = %claim.block_device, %path, %errors, "a pool member is failing");
-                self.apply_device(
-                    &claim.block_device,
-                    BlockDeviceState::Failed,
-                    &name,
-                    message,
-                )
-                .await?;
+                tracing::warn!(node = %self.node, pool = %name, %device, %path, %errors, "a pool member is failing");
+                self.apply_device(device, BlockDeviceState::Failed, &name, message)
+                    .await?;
             }
             let uid = pool.metadata.uid.clone().unwrap_or_default();
             let note = format!(
-                "{path} ({}) on node {} reports {errors}: pool {name} is degraded there",
-                claim.block_device, self.node
+                "{path} ({device}) on node {} reports {errors}: pool {name} is degraded there",
+                self.node
             );
-            if self.first_report(&uid, &format!("failing {}", claim.block_device)) {
+            if self.first_report(&uid, &format!("failing {device}")) {
                 self.event(pool, EventType::Warning, ("DiskFailing", "Monitor"), note)
                     .await;
             }

@@ -65,3 +65,21 @@ pub async fn try_connect(
         )),
     }
 }
+
+/// `pgbench -i` at `scale` (100 000 accounts a step, about 15 MB) into database `shop`
+/// as its owner `clerk` with `password`, through `host` over TLS, with Debian's pgbench
+/// (as the tests' clusters are bootstrapped: `initdb: {database: shop, owner: clerk}`).
+pub fn pgbench_init(host: &str, password: &str, scale: u32) {
+    let output = Command::new("/usr/lib/postgresql/15/bin/pgbench")
+        .args(["-i", "-s", &scale.to_string(), "-q", "-h", host])
+        .args(["-U", "clerk", "shop"])
+        .env("PGPASSWORD", password)
+        .env("PGSSLMODE", "require")
+        .output()
+        .expect("running pgbench");
+    assert!(
+        output.status.success(),
+        "pgbench -i -s {scale} on {host}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
