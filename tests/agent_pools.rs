@@ -569,11 +569,13 @@ async fn raid1_on_two_nodes_claims_clean_disks_takes_dirty_ones_with_wipe_grows_
     let lost = clean[1][0].clone();
     loops.detach(&lost);
     let restarted = Instant::now();
-    agents[1] = Agent::start(
+    agents[1] = Agent::start_with_env(
         &names[1],
         &scratch.node_dir(&names[1]),
         &scratch.pool_root(),
         &scratch.dir,
+        // Missing for 5 s counts as failed (300 s by default).
+        &[("CASTELLAN_MISSING_GRACE_SECONDS", "5")],
     );
     let degraded = wait_node(&pool_api, &pool, &names[1], "Degraded", |e| {
         e.health.as_deref() == Some("Degraded")
@@ -610,6 +612,30 @@ async fn raid1_on_two_nodes_claims_clean_disks_takes_dirty_ones_with_wipe_grows_
     assert_eq!(
         (condition.status.as_str(), condition.message.as_str()),
         ("True", format!("degraded on {}", names[1]).as_str())
+    );
+    // Past the grace period the missing member counts as failed, with no event from
+    // outside to prompt a look.
+    let failed = wait_node(
+        &pool_api,
+        &pool,
+        &names[1],
+        "the missing member failed",
+        |e| e.disks.iter().any(|d| d.state.as_deref() == Some("Failed")),
+    )
+    .await;
+    println!(
+        "{}: the missing member counted as failed {:.2} s after the agent restarted (grace 5 s)",
+        names[1],
+        restarted.elapsed().as_secs_f64()
+    );
+    let message = failed.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("missing for longer than the grace period, so counted as failed"),
+        "{message}"
+    );
+    assert!(
+        restarted.elapsed() >= Duration::from_secs(5),
+        "failed before its grace"
     );
     assert_eq!(
         fs::read_to_string(n2_mount.join("kept.txt")).expect("reading from the degraded pool"),

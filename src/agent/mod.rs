@@ -68,6 +68,10 @@ pub struct AgentArgs {
     /// Seconds between full rescans, the fallback for missed uevents.
     #[arg(long, default_value_t = 30)]
     pub rescan_seconds: u64,
+    /// Seconds a pool member may be missing before it counts as failed (a disk that
+    /// comes back within them was only unplugged or slow to appear after a reboot).
+    #[arg(long, env = "CASTELLAN_MISSING_GRACE_SECONDS", default_value_t = 300)]
+    pub missing_grace_seconds: u64,
     /// Where pools are mounted: `<pool-root>/<node>/<pool>`.
     #[arg(long, default_value = btrfs::POOL_ROOT)]
     pub pool_root: PathBuf,
@@ -128,7 +132,12 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     );
     let owner = node_object.as_ref().and_then(node_owner);
     let inventory = Inventory::new(client.clone(), &node, owner);
-    let pools = Pools::new(client.clone(), &node, &args.pool_root);
+    let pools = Pools::new(
+        client.clone(),
+        &node,
+        &args.pool_root,
+        Duration::from_secs(args.missing_grace_seconds),
+    );
     // PV node affinity matches the hostname label, which on real clusters may differ
     // from the Node's name.
     let hostname = node_object
@@ -196,6 +205,14 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
         let next = rescan(&node, &allow, &sources, &inventory, &pools, cause).await;
         if next.look_again {
             rescan(&node, &allow, &sources, &inventory, &pools, "released").await;
+        }
+        if let Some(delay) = next.look_in {
+            // A missing member's grace period ends then: look, so it shows as failed.
+            let retry = retries.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = retry.try_send(());
+            });
         }
         if next.retry_soon {
             let retry = retries.clone();

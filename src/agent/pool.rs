@@ -11,6 +11,8 @@
 //! is a member even if its `BlockDevice` lost `status.pool`, so a crash between mkfs
 //! and the status write never turns the pool's own disks into "dirty" ones.
 
+use std::time::Duration;
+
 use castellan_crds::block_device::BlockDeviceState;
 use castellan_crds::storage_pool::{Layout, PoolDisk, PoolNodeStatus, RejectedDisk};
 
@@ -223,6 +225,19 @@ pub struct Outcome<'a> {
     pub allocated_bytes: u64,
     /// Members whose btrfs error counters are above zero, by path.
     pub failing: &'a [(String, DeviceErrors)],
+    /// Missing members (BlockDevice names) missing for longer than the grace period:
+    /// they count as failed.
+    pub missing_failed: &'a [String],
+}
+
+/// Whether a member missing for `missing` counts as failed after `grace`: `Ok`, or how
+/// long is left.
+pub fn missing_verdict(missing: Duration, grace: Duration) -> Result<(), Duration> {
+    if missing >= grace {
+        Ok(())
+    } else {
+        Err(grace - missing)
+    }
 }
 
 /// The node's entry of `status.nodes`.
@@ -254,11 +269,12 @@ pub fn node_status(
         if disks.iter().any(|disk| &disk.path == path) {
             continue;
         }
+        let failed = outcome.missing_failed.contains(block_device);
         disks.push(PoolDisk {
             block_device: block_device.clone(),
             path: path.clone(),
             size_bytes: 0,
-            state: Some("Missing".into()),
+            state: Some(if failed { "Failed" } else { "Missing" }.into()),
         });
     }
     let mut rejected: Vec<RejectedDisk> = Vec::new();
@@ -292,10 +308,18 @@ pub fn node_status(
         } else {
             format!(" ({})", names.join(", "))
         };
+        let failed = if outcome.missing_failed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; missing for longer than the grace period, so counted as failed: {} (replace it)",
+                outcome.missing_failed.join(", ")
+            )
+        };
         (
             DEGRADED,
             Some(format!(
-                "{missing} {noun} missing{which}; mounted degraded, data stays readable while the layout keeps a copy"
+                "{missing} {noun} missing{which}; mounted degraded, data stays readable while the layout keeps a copy{failed}"
             )),
         )
     } else if !outcome.failing.is_empty() {
@@ -759,5 +783,41 @@ mod tests {
         );
         let states: Vec<_> = status.disks.iter().map(|d| d.state.as_deref()).collect();
         assert_eq!(states, [Some("Online"), Some("Failing")]);
+    }
+
+    #[test]
+    fn a_member_missing_past_the_grace_period_counts_as_failed() {
+        let grace = Duration::from_secs(300);
+        assert_eq!(
+            missing_verdict(Duration::from_secs(60), grace),
+            Err(Duration::from_secs(240))
+        );
+        assert_eq!(missing_verdict(grace, grace), Ok(()));
+        assert_eq!(missing_verdict(Duration::from_secs(301), grace), Ok(()));
+
+        let d = decision(vec![claim("a", "/dev/l0", true, false)], &["b"], Ok(()));
+        let s = show(&[Some("/dev/l0"), None]);
+        let u = usage();
+        let missing = [("b".to_string(), "/dev/l1".to_string())];
+        let failed = ["b".to_string()];
+        let status = node_status(
+            "n1",
+            &d,
+            &missing,
+            &Outcome {
+                show: Some(&s),
+                usage: Some(&u),
+                missing_failed: &failed,
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(DEGRADED));
+        assert_eq!(
+            status.message.as_deref(),
+            Some(
+                "1 disk is missing (b); mounted degraded, data stays readable while the layout keeps a copy; missing for longer than the grace period, so counted as failed: b (replace it)"
+            )
+        );
+        assert_eq!(status.disks[1].state.as_deref(), Some("Failed"));
     }
 }

@@ -15,7 +15,10 @@
 //! (`totals`) are applied by whichever agent wrote last, under one field manager,
 //! guarded by the resource version they were computed from.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
 use castellan_crds::storage_pool::StoragePool;
@@ -73,6 +76,8 @@ pub struct Next {
     /// Releasing a deleted pool failed on something that passes (a disk still held
     /// busy): try again in a few seconds rather than at the next periodic look.
     pub retry_soon: bool,
+    /// Look again after this long: a missing member's grace period ends then.
+    pub look_in: Option<Duration>,
 }
 
 impl Next {
@@ -81,6 +86,10 @@ impl Next {
         Next {
             look_again: self.look_again || other.look_again,
             retry_soon: self.retry_soon || other.retry_soon,
+            look_in: match (self.look_in, other.look_in) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
         }
     }
 }
@@ -98,10 +107,15 @@ pub struct Pools {
     recorder: Recorder,
     /// Refusals already reported, one Event per reason.
     reported: Reported,
+    /// How long a member may be missing before it counts as failed.
+    missing_grace: Duration,
+    /// When this agent first saw each missing member missing (after a restart it
+    /// counts again from its first look: later, never earlier).
+    missing_since: Mutex<BTreeMap<(String, String), Instant>>,
 }
 
 impl Pools {
-    pub fn new(client: Client, node: &str, root: &Path) -> Self {
+    pub fn new(client: Client, node: &str, root: &Path, missing_grace: Duration) -> Self {
         let reporter = Reporter {
             controller: "castellan-agent".into(),
             instance: Some(node.to_string()),
@@ -112,6 +126,8 @@ impl Pools {
             node: node.to_string(),
             root: root.to_path_buf(),
             reported: Reported::default(),
+            missing_grace,
+            missing_since: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -165,12 +181,20 @@ impl Pools {
             let devices = self.devices().await?;
             // One pool's failed write must not keep the node's other pools waiting.
             let span = tracing::info_span!("pool", pool = %pool.name_any(), node = %self.node);
-            if let Err(error) = self
+            match self
                 .reconcile_pool(pool, observed, &devices)
                 .instrument(span)
                 .await
             {
-                tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "reconciling the pool failed");
+                Ok(look_in) => {
+                    again = again.and(Next {
+                        look_in,
+                        ..Next::default()
+                    })
+                }
+                Err(error) => {
+                    tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "reconciling the pool failed");
+                }
             }
         }
         Ok(again)
@@ -476,7 +500,7 @@ impl Pools {
         pool: &StoragePool,
         observed: &[Observed],
         devices: &[BlockDevice],
-    ) -> Result<(), PoolsError> {
+    ) -> Result<Option<Duration>, PoolsError> {
         let name = pool.name_any();
         if !pool.finalizers().iter().any(|f| f == deletion::FINALIZER) {
             // Before anything is built: a pool deleted later must be released first.
@@ -520,7 +544,7 @@ impl Pools {
             Ok(decision) => decision,
             Err(error) => {
                 let status = failed_status(&self.node, format!("the pool's spec: {error}"));
-                return self.apply_node_status(pool, &status).await;
+                return self.apply_node_status(pool, &status).await.map(|()| None);
             }
         };
         let missing_paths: Vec<(String, String)> = decision
@@ -533,6 +557,7 @@ impl Pools {
                     .map(|device| (member.clone(), device.spec.path.clone()))
             })
             .collect();
+        let (missing_failed, look_in) = self.missing_for_long(&name, &decision.missing_members);
 
         let mount_path = btrfs::mount_path(&self.root, &self.node, &name);
         let filesystem = {
@@ -636,6 +661,7 @@ impl Pools {
                 error: error.as_deref(),
                 allocated_bytes,
                 failing: &failing,
+                missing_failed: &missing_failed,
             },
         );
         if let Some(Blocked::Shortfall(shortfall)) = &blocked {
@@ -643,7 +669,30 @@ impl Pools {
         }
         self.apply_node_status(pool, &status).await?;
         self.apply_totals(&name).await?;
-        self.apply_storage_class(pool).await
+        self.apply_storage_class(pool).await?;
+        Ok(look_in)
+    }
+
+    /// Of pool `pool`'s `missing` members (not attached), those missing for longer than
+    /// the grace period, and when the next one's grace ends. A member back is forgotten.
+    fn missing_for_long(&self, pool: &str, missing: &[String]) -> (Vec<String>, Option<Duration>) {
+        let now = Instant::now();
+        let Ok(mut since) = self.missing_since.lock() else {
+            return (Vec::new(), None);
+        };
+        since.retain(|(of, member), _| of != pool || missing.contains(member));
+        let mut expired = Vec::new();
+        let mut next: Option<Duration> = None;
+        for member in missing {
+            let first = *since
+                .entry((pool.to_string(), member.clone()))
+                .or_insert(now);
+            match pool::missing_verdict(now.duration_since(first), self.missing_grace) {
+                Ok(()) => expired.push(member.clone()),
+                Err(left) => next = Some(next.map_or(left, |next| next.min(left))),
+            }
+        }
+        (expired, next)
     }
 
     /// Removes this node's entry from a pool that no longer selects it: applying no
@@ -995,9 +1044,21 @@ mod tests {
             look.and(retry),
             Next {
                 look_again: true,
-                retry_soon: true
+                retry_soon: true,
+                look_in: None,
             }
         );
         assert_eq!(none.and(retry), retry);
+        // The sooner of two timed looks.
+        let soon = Next {
+            look_in: Some(Duration::from_secs(2)),
+            ..Next::default()
+        };
+        let later = Next {
+            look_in: Some(Duration::from_secs(9)),
+            ..Next::default()
+        };
+        assert_eq!(later.and(soon).look_in, Some(Duration::from_secs(2)));
+        assert_eq!(none.and(later).look_in, Some(Duration::from_secs(9)));
     }
 }
