@@ -109,7 +109,12 @@ pub fn still_the_disk(
     block_device: &str,
     sources: &Sources,
 ) -> Result<(), String> {
-    let observation = observe(node, &AllowList::default(), sources)
+    // That disk only: probing every disk of the host for each wipe is work for nothing.
+    let only = AllowList(Some(
+        Regex::new(&format!("^{}$", regex::escape(path)))
+            .map_err(|error| format!("re-identifying {path} before wiping it: {error}"))?,
+    ));
+    let observation = observe(node, &only, sources)
         .map_err(|error| format!("re-identifying {path} before wiping it: {error}"))?;
     let now = observation
         .devices
