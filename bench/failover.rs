@@ -41,7 +41,6 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlx::ConnectOptions;
@@ -508,14 +507,11 @@ fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
 }
 
 fn report(all: &[Series], faults: usize) -> bool {
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d"])
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
-    println!("Failover benchmark ({cores} cores, {date}, {faults} faults of each kind)");
+    println!(
+        "Failover benchmark ({}, {faults} faults of each kind)",
+        support::machine()
+    );
     println!(
         "write again: seconds from the fault applied (its command started) until a write \
          through -rw is acknowledged again; outage: from the first failed write"

@@ -46,7 +46,6 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -643,14 +642,8 @@ async fn minor_update(ns: &str, logs: &[PathBuf], cluster: &str) -> Minor {
 }
 
 fn report(majors: &[Major], minor: &Minor) -> bool {
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d"])
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
-    println!("Upgrade benchmark ({cores} cores, {date})");
+    println!("Upgrade benchmark ({})", support::machine());
     println!(
         "write downtime: the longest time between two commits acknowledged through -rw, \
          from the change until every instance is ready"

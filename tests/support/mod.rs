@@ -160,3 +160,14 @@ where
         }
     }
 }
+
+/// "N cores, YYYY-MM-DD": what a benchmark's figures were measured on, for its heading.
+pub fn machine() -> String {
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {date}")
+}
