@@ -642,6 +642,54 @@ async fn raid1_on_two_nodes_claims_clean_disks_takes_dirty_ones_with_wipe_grows_
         "still here"
     );
 
+    // A new clean disk on node 2 replaces the member that never came back (by its
+    // btrfs device id: it has no path): Healthy again, the lost disk no longer the
+    // pool's.
+    let replacement = loops.attach(&disk_file(&scratch.node_dir(&names[1]), "spare.img"));
+    let attached = Instant::now();
+    let healthy = wait_node(
+        &pool_api,
+        &pool,
+        &names[1],
+        "Healthy after the replacement",
+        |e| e.health.as_deref() == Some("Healthy"),
+    )
+    .await;
+    println!(
+        "{}: Healthy {:.2} s after a replacement for the missing member was attached",
+        names[1],
+        attached.elapsed().as_secs_f64()
+    );
+    assert!(
+        healthy.disks.iter().any(|d| d.path == replacement)
+            && healthy
+                .disks
+                .iter()
+                .all(|d| d.state.as_deref() == Some("Online")),
+        "{healthy:#?}"
+    );
+    // By name: the replacement may well have taken the lost disk's loop device path.
+    let lost_name = failed
+        .disks
+        .iter()
+        .find(|d| d.state.as_deref() == Some("Failed"))
+        .map(|d| d.block_device.clone())
+        .expect("the failed member's entry");
+    let lost_status = Api::<BlockDevice>::all(support::client().await)
+        .get(&lost_name)
+        .await
+        .expect("reading the lost disk's BlockDevice")
+        .status
+        .unwrap_or_default();
+    assert_eq!(
+        (lost_status.pool, lost_status.state),
+        (None, Some(BlockDeviceState::Missing))
+    );
+    assert_eq!(
+        fs::read_to_string(n2_mount.join("kept.txt")).expect("reading after the replacement"),
+        "still here"
+    );
+
     // Clean up explicitly, then prove nothing of ours is mounted.
     for agent in &mut agents {
         agent.stop();
@@ -829,9 +877,11 @@ async fn a_pools_creation_is_a_trace() {
 /// A raid1 member that returns garbage (its backing file zeroed under the mounted pool)
 /// is noticed from btrfs's own error counters within seconds of the reads that hit it:
 /// its BlockDevice `Failed`, the node's pool `Degraded` with the errors named, a
-/// `DiskFailing` Event, and the data still read intact from the other copy.
+/// `DiskFailing` Event, and the data still read intact from the other copy. A clean
+/// disk attached then replaces it (`btrfs replace`): the pool is Healthy on the good
+/// disk and the new one, the data read intact throughout, the old disk left `Failed`.
 #[tokio::test]
-async fn a_raid1_member_with_checksum_errors_is_reported_failing() {
+async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() {
     let mut setup = OneNode::new("failing", 6).await;
     let device_api: Api<BlockDevice> = Api::all(support::client().await);
     let good = setup.disk("good.img");
@@ -944,6 +994,137 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing() {
         fs::read(mount.join("kept.bin")).expect("reading after the failure"),
         data
     );
+    assert!(
+        message.contains("a clean disk of at least")
+            && message.contains(&format!("replaces {bad}")),
+        "the status says what replaces the failed disk: {message}"
+    );
+
+    // A new clean disk on the node replaces the failed one; the data is read (page
+    // cache dropped) all along.
+    let new = setup.disk("new.img");
+    let attached = Instant::now();
+    let mut reads = 0;
+    let mut seen_replacing = false;
+    let healthy = loop {
+        fs::write("/proc/sys/vm/drop_caches", "3").expect("dropping the page cache");
+        let read = Command::new("cat")
+            .arg(mount.join("kept.bin"))
+            .output()
+            .expect("reading the file");
+        assert!(
+            read.status.success() && read.stdout == data,
+            "the data read during the replacement"
+        );
+        reads += 1;
+        let entry = setup_entry(&setup).await;
+        seen_replacing |= entry.as_ref().is_some_and(|e| e.replacement.is_some());
+        if let Some(entry) = entry
+            && entry.health.as_deref() == Some("Healthy")
+        {
+            break entry;
+        }
+        assert!(
+            attached.elapsed() < Duration::from_secs(90),
+            "the pool is not Healthy 90 s after the replacement disk came: {:#?}",
+            setup_entry(&setup).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!(
+        "{node}: Healthy {:.2} s after the replacement disk was attached ({reads} reads of the data meanwhile, replacement seen in status: {seen_replacing})",
+        attached.elapsed().as_secs_f64()
+    );
+    let states: Vec<(String, Option<String>)> = healthy
+        .disks
+        .iter()
+        .map(|d| (d.path.clone(), d.state.clone()))
+        .collect();
+    assert_eq!(
+        sorted(states.iter().map(|(path, _)| path.clone()).collect()),
+        sorted(vec![good.clone(), new.clone()]),
+        "{states:?}"
+    );
+    assert!(
+        states
+            .iter()
+            .all(|(_, state)| state.as_deref() == Some("Online")),
+        "{states:?}"
+    );
+    let listed = run(
+        "btrfs",
+        &["filesystem", "show", "--raw", &mount.to_string_lossy()],
+    );
+    assert!(
+        listed.contains(&new) && !listed.contains(&bad),
+        "the filesystem has the new disk, not the failed one:\n{listed}"
+    );
+    let devices = device_api
+        .list(&ListParams::default().labels(&format!("castellan.io/node={node}")))
+        .await
+        .expect("listing BlockDevices");
+    let status_of = |path: &str| {
+        devices
+            .items
+            .iter()
+            .find(|device| device.spec.path == path)
+            .and_then(|device| device.status.clone())
+            .unwrap_or_default()
+    };
+    let old = status_of(&bad);
+    assert_eq!(old.state, Some(BlockDeviceState::Failed), "{old:?}");
+    assert!(
+        old.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("replaced by"),
+        "{old:?}"
+    );
+    assert_eq!(status_of(&new).state, Some(BlockDeviceState::InUse));
+    let events = support::kubectl_ok(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        &format!("involvedObject.name={pool},reason=DiskReplaced"),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(events.contains(&new), "no DiskReplaced Event: {events:?}");
+    let started = support::kubectl_ok(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        &format!("involvedObject.name={pool},reason=DiskReplacing"),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(
+        started.contains(&format!("replacing {bad}")) && started.contains(&new),
+        "no DiskReplacing Event: {started:?}"
+    );
+    // Every block of the data checks out on both copies (scrub reads them all).
+    let scrub = run("btrfs", &["scrub", "start", "-B", &mount.to_string_lossy()]);
+    assert!(scrub.contains("no errors found"), "{scrub}");
+    assert_eq!(
+        fs::read(mount.join("kept.bin")).expect("reading after the replacement"),
+        data
+    );
 
     setup.finish();
+}
+
+/// The test node's entry in its pool's status, if any.
+async fn setup_entry(setup: &OneNode) -> Option<PoolNodeStatus> {
+    setup
+        .pool_api
+        .get(&setup.pool)
+        .await
+        .expect("reading the StoragePool")
+        .status
+        .unwrap_or_default()
+        .nodes
+        .into_iter()
+        .find(|entry| entry.node == setup.node)
 }

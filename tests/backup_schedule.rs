@@ -148,6 +148,26 @@ fn utc_now() -> String {
 }
 
 /// `2026-03-01T10:07:00Z` → `20260301100700`, the suffix of the Backup for that slot.
+/// The slot a schedule's status records, once it records one: the Backup appears a
+/// moment before the status write that names its slot.
+fn recorded_slot(namespace: &str, schedule: &str, diagnostics: &impl Fn() -> String) -> String {
+    let slot = || {
+        jsonpath(
+            "backupschedule",
+            schedule,
+            namespace,
+            "{.status.lastScheduleTime}",
+        )
+    };
+    wait_for(
+        &format!("the schedule {schedule} records its slot"),
+        Duration::from_secs(10),
+        || !slot().is_empty(),
+        diagnostics,
+    );
+    slot()
+}
+
 fn name_suffix(time: &str) -> String {
     time.chars().filter(char::is_ascii_digit).collect()
 }
@@ -239,12 +259,7 @@ async fn schedules_fire_on_their_slots_skip_suspend_and_report_invalid_input() {
         diagnostics,
     );
     let at_once = backups_of(&ns, "at-once").remove(0);
-    let last = jsonpath(
-        "backupschedule",
-        "at-once",
-        &ns,
-        "{.status.lastScheduleTime}",
-    );
+    let last = recorded_slot(&ns, "at-once", &diagnostics);
     assert_eq!(at_once, format!("at-once-{}", name_suffix(&last)));
     let next = jsonpath(
         "backupschedule",
@@ -295,26 +310,7 @@ async fn schedules_fire_on_their_slots_skip_suspend_and_report_invalid_input() {
     let first = backups_of(&ns, "every-minute");
     assert_eq!(first.len(), 1, "{first:?}");
     let first = first[0].clone();
-    wait_for(
-        "the schedule records the slot",
-        Duration::from_secs(10),
-        || {
-            !jsonpath(
-                "backupschedule",
-                "every-minute",
-                &ns,
-                "{.status.lastScheduleTime}",
-            )
-            .is_empty()
-        },
-        diagnostics,
-    );
-    let slot = jsonpath(
-        "backupschedule",
-        "every-minute",
-        &ns,
-        "{.status.lastScheduleTime}",
-    );
+    let slot = recorded_slot(&ns, "every-minute", &diagnostics);
     assert!(slot.ends_with(":00Z"), "a minute's slot: {slot}");
     assert_eq!(first, format!("every-minute-{}", name_suffix(&slot)));
     let next = jsonpath(

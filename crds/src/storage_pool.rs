@@ -210,6 +210,24 @@ pub struct PoolNodeStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["path"]))]
     pub rejected: Vec<RejectedDisk>,
+    /// A failed member being replaced by a new disk (`btrfs replace`), while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<PoolReplacement>,
+}
+
+/// A failed member's replacement in progress on one node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolReplacement {
+    /// The member being replaced: its `BlockDevice` or path, and its btrfs device id.
+    pub failed: String,
+    /// The `BlockDevice` taking its place.
+    pub block_device: String,
+    /// The new disk's path on the node.
+    pub path: String,
+    /// How much of the failed member's data is copied, as btrfs reports it (`42.5%`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
 }
 
 /// A disk in a pool.

@@ -252,6 +252,16 @@ pub fn parse_device_stats(text: &str) -> std::collections::BTreeMap<String, Devi
     stats
 }
 
+/// The progress of a running `btrfs replace`, from `btrfs replace status -1 <mount
+/// point>`: `"42.5%"` while it runs (`42.5% done, 0 write errs, 0 uncorr. read errs`),
+/// `None` when none runs (`Never started`, or `Started on …, finished on …`).
+pub fn parse_replace_progress(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let percent = line.trim().split_once("% done")?.0;
+        percent.parse::<f64>().ok().map(|_| format!("{percent}%"))
+    })
+}
+
 /// Parses the "Overall" block of `btrfs filesystem usage -b`.
 pub fn parse_usage(text: &str) -> Option<Usage> {
     let field = |name: &str| {
@@ -303,6 +313,21 @@ pub fn parse_volume_quotas(text: &str) -> Option<BTreeMap<String, Option<u64>>> 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 mod tests {
+    #[test]
+    fn replace_progress_only_while_a_replace_runs() {
+        assert_eq!(
+            super::parse_replace_progress("22.8% done, 0 write errs, 0 uncorr. read errs\n"),
+            Some("22.8%".to_string())
+        );
+        assert_eq!(super::parse_replace_progress("Never started\n"), None);
+        assert_eq!(
+            super::parse_replace_progress(
+                "Started on  3.Dec 20:14:53, finished on  3.Dec 20:14:53, 0 write errs, 0 uncorr. read errs\n"
+            ),
+            None
+        );
+    }
+
     use super::*;
 
     #[test]

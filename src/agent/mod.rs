@@ -20,6 +20,7 @@ pub mod observe;
 pub mod pool;
 pub mod pools;
 pub mod probe;
+pub mod replace;
 pub mod reported;
 pub mod safety;
 pub mod storage_class;
@@ -207,7 +208,7 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             rescan(&node, &allow, &sources, &inventory, &pools, "released").await;
         }
         if let Some(delay) = next.look_in {
-            // A missing member's grace period ends then: look, so it shows as failed.
+            // A missing member's grace period ends, or a replacement runs: look again.
             let retry = retries.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;

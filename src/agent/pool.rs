@@ -14,7 +14,9 @@
 use std::time::Duration;
 
 use castellan_crds::block_device::BlockDeviceState;
-use castellan_crds::storage_pool::{Layout, PoolDisk, PoolNodeStatus, RejectedDisk};
+use castellan_crds::storage_pool::{
+    Layout, PoolDisk, PoolNodeStatus, PoolReplacement, RejectedDisk,
+};
 
 use super::btrfs::{self, DeviceErrors, Show, Usage};
 use super::claim::{Claim, Decision, LayoutShortfall};
@@ -55,6 +57,94 @@ pub enum Step {
         data: &'static str,
         metadata: &'static str,
     },
+    /// `btrfs filesystem resize <devid>:max <mount point>`: a replacement larger than
+    /// the disk it replaced is used whole.
+    Resize { devid: u64 },
+    /// `btrfs replace start -B -r <devid> <path> <mount point>`, left running in the
+    /// background: the failed member is copied onto the disk at `path` (from
+    /// the layout's other copies, reading the failed one only where no other exists),
+    /// which then takes its place. Only if the disk at `path` is still `block_device`.
+    Replace {
+        failed: FailedMember,
+        path: String,
+        block_device: String,
+    },
+}
+
+/// A member to replace: btrfs counts errors on it, or it has been missing for longer
+/// than the grace period.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedMember {
+    /// btrfs's device id, by which `btrfs replace` names it (a failed disk's superblock
+    /// may be gone, and a missing one has no path).
+    pub devid: u64,
+    /// A replacement must be at least this large.
+    pub size_bytes: u64,
+    /// How status and Events name it: its path or `BlockDevice`.
+    pub name: String,
+}
+
+/// What the pool must repair on this node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Repair {
+    pub failed: Vec<FailedMember>,
+    /// A replacement failed a moment ago: wait before trying again.
+    pub hold: bool,
+}
+
+/// The failed members of the mounted filesystem `show`: those btrfs counts errors on
+/// (`failing`, by path) and the devices it lists as missing, once every missing member
+/// is past the grace period (`missing_failed`, BlockDevice names and sizes) — which
+/// missing device id is which disk is not known, so none is replaced before all count
+/// as failed.
+pub fn failed_members(
+    show: &Show,
+    failing: &[(String, DeviceErrors)],
+    missing_failed: &[(String, u64)],
+) -> Vec<FailedMember> {
+    let mut failed: Vec<FailedMember> = failing
+        .iter()
+        .filter_map(|(path, _)| {
+            let device = show
+                .devices
+                .iter()
+                .find(|device| device.path.as_deref() == Some(path.as_str()))?;
+            Some(FailedMember {
+                devid: device.devid,
+                size_bytes: device.size_bytes,
+                name: path.clone(),
+            })
+        })
+        .collect();
+    let missing: Vec<u64> = show
+        .devices
+        .iter()
+        .filter(|device| device.path.is_none())
+        .map(|device| device.devid)
+        .collect();
+    if !missing.is_empty() && missing_failed.len() >= missing.len() {
+        let size_bytes = missing_failed
+            .iter()
+            .map(|(_, size)| *size)
+            .max()
+            .unwrap_or(0);
+        let names: Vec<&str> = missing_failed
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        for devid in missing {
+            failed.push(FailedMember {
+                devid,
+                size_bytes,
+                name: if missing_failed.len() == 1 {
+                    names.join(", ")
+                } else {
+                    format!("missing devid {devid}")
+                },
+            });
+        }
+    }
+    failed
 }
 
 /// Why nothing is built on this node (yet).
@@ -70,6 +160,7 @@ pub fn plan(
     layout: Layout,
     decision: &Decision,
     filesystem: &Filesystem,
+    repair: &Repair,
 ) -> Result<Vec<Step>, Blocked> {
     let members: Vec<&Claim> = decision.claims.iter().filter(|c| c.member).collect();
     let wipes = |claims: &[&Claim]| -> Vec<Step> {
@@ -113,16 +204,41 @@ pub fn plan(
             ])
         }
         Filesystem::Mounted(show) => {
+            // A replacement under way (its new disk is listed as devid 0): btrfs runs
+            // one such operation at a time, and it ends on its own.
+            if show.devices.iter().any(|device| device.devid == 0) {
+                return Ok(Vec::new());
+            }
+            // A member claim the filesystem does not list carries the label of an old
+            // copy of it (a replaced disk whose superblock survived): never added back.
             let joining: Vec<&Claim> = decision
                 .claims
                 .iter()
                 .filter(|claim| {
-                    !show
-                        .devices
-                        .iter()
-                        .any(|device| device.path.as_deref() == Some(claim.path.as_str()))
+                    !claim.member
+                        && !show
+                            .devices
+                            .iter()
+                            .any(|device| device.path.as_deref() == Some(claim.path.as_str()))
                 })
                 .collect();
+            // While a member has failed, a new disk replaces it rather than growing
+            // the pool; one too small waits, unused.
+            if let Some(failed) = repair.failed.first() {
+                let target = joining
+                    .iter()
+                    .find(|claim| claim.size_bytes >= failed.size_bytes);
+                let (Some(target), false) = (target, repair.hold) else {
+                    return Ok(Vec::new());
+                };
+                let mut steps = wipes(&[*target]);
+                steps.push(Step::Replace {
+                    failed: failed.clone(),
+                    path: target.path.clone(),
+                    block_device: target.block_device.clone(),
+                });
+                return Ok(steps);
+            }
             if joining.is_empty() {
                 return Ok(Vec::new());
             }
@@ -228,6 +344,12 @@ pub struct Outcome<'a> {
     /// Missing members (BlockDevice names) missing for longer than the grace period:
     /// they count as failed.
     pub missing_failed: &'a [String],
+    /// The members to replace (failing or missing past the grace period).
+    pub failed: &'a [FailedMember],
+    /// A replacement that is running.
+    pub replacement: Option<&'a PoolReplacement>,
+    /// Why the last replacement failed.
+    pub replace_error: Option<&'a str>,
 }
 
 /// Whether a member missing for `missing` counts as failed after `grace`: `Ok`, or how
@@ -253,13 +375,20 @@ pub fn node_status(
             let Some(path) = &device.path else { continue };
             let claim = decision.claims.iter().find(|claim| &claim.path == path);
             let failing = outcome.failing.iter().any(|(failing, _)| failing == path);
+            let state = if device.devid == 0 {
+                "Replacing"
+            } else if failing {
+                "Failing"
+            } else {
+                "Online"
+            };
             disks.push(PoolDisk {
                 block_device: claim
                     .map(|claim| claim.block_device.clone())
                     .unwrap_or_default(),
                 path: path.clone(),
                 size_bytes: i64::try_from(device.size_bytes).unwrap_or(i64::MAX),
-                state: Some(if failing { "Failing" } else { "Online" }.into()),
+                state: Some(state.into()),
             });
         }
     }
@@ -297,6 +426,17 @@ pub fn node_status(
         (PENDING, Some(format!("no filesystem built: {shortfall}")))
     } else if outcome.show.is_none() {
         (PENDING, Some("no disk claimed yet".to_string()))
+    } else if let Some(replacement) = outcome.replacement {
+        (
+            DEGRADED,
+            Some(format!(
+                "replacing {} by {} ({}): {} copied",
+                replacement.failed,
+                replacement.path,
+                replacement.block_device,
+                replacement.progress.as_deref().unwrap_or("nothing yet")
+            )),
+        )
     } else if missing > 0 {
         let names: Vec<&str> = missing_paths
             .iter()
@@ -344,6 +484,19 @@ pub fn node_status(
     } else {
         (HEALTHY, None)
     };
+    let message = message.map(|message| match (outcome.failed.first(), health) {
+        (Some(failed), DEGRADED) if outcome.replacement.is_none() => {
+            let attempt = outcome
+                .replace_error
+                .map(|error| format!("; the last replacement failed: {error}"))
+                .unwrap_or_default();
+            format!(
+                "{message}; a clean disk of at least {} bytes that the pool's device filter selects on this node replaces {}{attempt}",
+                failed.size_bytes, failed.name
+            )
+        }
+        _ => message,
+    });
     let capacity = outcome.usage.map(Usage::usable_bytes);
     let to_i64 = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
     PoolNodeStatus {
@@ -356,6 +509,7 @@ pub fn node_status(
             .map(|capacity| to_i64(capacity.saturating_sub(outcome.allocated_bytes))),
         disks,
         rejected,
+        replacement: outcome.replacement.cloned(),
     }
 }
 
@@ -431,7 +585,14 @@ mod tests {
             &[],
             Ok(()),
         );
-        let steps = plan("p", Layout::Raid1, &d, &Filesystem::Absent).unwrap();
+        let steps = plan(
+            "p",
+            Layout::Raid1,
+            &d,
+            &Filesystem::Absent,
+            &Repair::default(),
+        )
+        .unwrap();
         assert_eq!(
             steps,
             [
@@ -463,7 +624,13 @@ mod tests {
             Err(shortfall.clone()),
         );
         assert_eq!(
-            plan("p", Layout::Raid1, &d, &Filesystem::Absent),
+            plan(
+                "p",
+                Layout::Raid1,
+                &d,
+                &Filesystem::Absent,
+                &Repair::default()
+            ),
             Err(Blocked::Shortfall(shortfall))
         );
     }
@@ -478,7 +645,14 @@ mod tests {
             &[],
             Ok(()),
         );
-        let steps = plan("p", Layout::Raid1, &d, &Filesystem::Unmounted).unwrap();
+        let steps = plan(
+            "p",
+            Layout::Raid1,
+            &d,
+            &Filesystem::Unmounted,
+            &Repair::default(),
+        )
+        .unwrap();
         assert_eq!(
             steps[0],
             Step::Mount {
@@ -500,7 +674,14 @@ mod tests {
             &["b"],
             Err(shortfall),
         );
-        let steps = plan("p", Layout::Raid1, &d, &Filesystem::Absent).unwrap();
+        let steps = plan(
+            "p",
+            Layout::Raid1,
+            &d,
+            &Filesystem::Absent,
+            &Repair::default(),
+        )
+        .unwrap();
         assert_eq!(
             steps[0],
             Step::Mount {
@@ -511,7 +692,13 @@ mod tests {
         // Nothing claimed and nothing built: nothing to do.
         let d = decision(vec![], &[], Ok(()));
         assert_eq!(
-            plan("p", Layout::Single, &d, &Filesystem::Unmounted),
+            plan(
+                "p",
+                Layout::Single,
+                &d,
+                &Filesystem::Unmounted,
+                &Repair::default()
+            ),
             Ok(vec![])
         );
     }
@@ -527,7 +714,10 @@ mod tests {
             Ok(()),
         );
         let mounted = Filesystem::Mounted(show(&[Some("/dev/l0"), Some("/dev/l1")]));
-        assert_eq!(plan("p", Layout::Raid1, &d, &mounted), Ok(vec![]));
+        assert_eq!(
+            plan("p", Layout::Raid1, &d, &mounted, &Repair::default()),
+            Ok(vec![])
+        );
     }
 
     #[test]
@@ -541,7 +731,7 @@ mod tests {
             Ok(()),
         );
         let mounted = Filesystem::Mounted(show(&[Some("/dev/l0")]));
-        let steps = plan("p", Layout::Single, &d, &mounted).unwrap();
+        let steps = plan("p", Layout::Single, &d, &mounted, &Repair::default()).unwrap();
         assert_eq!(
             steps,
             [
@@ -819,5 +1009,204 @@ mod tests {
             )
         );
         assert_eq!(status.disks[1].state.as_deref(), Some("Failed"));
+    }
+
+    fn errors() -> DeviceErrors {
+        DeviceErrors {
+            corruption: 3,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn failed_members_are_the_failing_ones_and_the_missing_ones_past_the_grace_period() {
+        let s = show(&[Some("/dev/l0"), Some("/dev/l1"), None]);
+        let failing = [("/dev/l1".to_string(), errors())];
+        assert_eq!(
+            failed_members(&s, &failing, &[]),
+            [FailedMember {
+                devid: 2,
+                size_bytes: 1 << 30,
+                name: "/dev/l1".into()
+            }],
+            "a missing device not yet past its grace period is not replaced"
+        );
+        assert_eq!(
+            failed_members(&s, &[], &[("b".to_string(), 2 << 30)]),
+            [FailedMember {
+                devid: 3,
+                size_bytes: 2 << 30,
+                name: "b".into()
+            }],
+            "the missing device, as large as its BlockDevice said"
+        );
+        let two_missing = show(&[Some("/dev/l0"), None, None]);
+        assert_eq!(
+            failed_members(&two_missing, &[], &[("b".to_string(), 1 << 30)]),
+            [],
+            "which of two missing devices is the expired one is not known: wait for both"
+        );
+    }
+
+    fn failed(devid: u64, size_bytes: u64) -> Repair {
+        Repair {
+            failed: vec![FailedMember {
+                devid,
+                size_bytes,
+                name: "/dev/l1".into(),
+            }],
+            hold: false,
+        }
+    }
+
+    #[test]
+    fn a_new_disk_replaces_a_failed_member_instead_of_joining() {
+        let mut small = claim("c", "/dev/l2", false, false);
+        small.size_bytes = 1 << 29;
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                small,
+                claim("d", "/dev/l3", false, true),
+            ],
+            &[],
+            Ok(()),
+        );
+        let mounted = Filesystem::Mounted(show(&[Some("/dev/l0"), Some("/dev/l1")]));
+        assert_eq!(
+            plan("p", Layout::Raid1, &d, &mounted, &failed(2, 1 << 30)),
+            Ok(vec![
+                Step::Wipe {
+                    path: "/dev/l3".into(),
+                    block_device: "d".into()
+                },
+                Step::Replace {
+                    failed: failed(2, 1 << 30).failed[0].clone(),
+                    path: "/dev/l3".into(),
+                    block_device: "d".into()
+                }
+            ]),
+            "the disk large enough takes the failed one's place; the small one waits"
+        );
+        let mut held = failed(2, 1 << 30);
+        held.hold = true;
+        assert_eq!(
+            plan("p", Layout::Raid1, &d, &mounted, &held),
+            Ok(vec![]),
+            "a replacement that just failed is not retried at once"
+        );
+        assert_eq!(
+            plan("p", Layout::Raid1, &d, &mounted, &failed(2, 4 << 30)),
+            Ok(vec![]),
+            "no disk large enough: nothing joins while a member has failed"
+        );
+    }
+
+    #[test]
+    fn nothing_runs_while_a_replacement_is_under_way() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("d", "/dev/l3", false, false),
+                claim("e", "/dev/l4", false, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let mut s = show(&[Some("/dev/l0"), Some("/dev/l1"), Some("/dev/l3")]);
+        s.devices[2].devid = 0;
+        let mounted = Filesystem::Mounted(s);
+        assert_eq!(
+            plan("p", Layout::Raid1, &d, &mounted, &failed(2, 1 << 30)),
+            Ok(vec![])
+        );
+        assert_eq!(
+            plan("p", Layout::Raid1, &d, &mounted, &Repair::default()),
+            Ok(vec![])
+        );
+    }
+
+    #[test]
+    fn an_old_copy_of_a_member_is_never_added_back() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("b", "/dev/l1", true, false),
+                claim("old", "/dev/l9", true, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let mounted = Filesystem::Mounted(show(&[Some("/dev/l0"), Some("/dev/l1")]));
+        assert_eq!(
+            plan("p", Layout::Raid1, &d, &mounted, &Repair::default()),
+            Ok(vec![])
+        );
+    }
+
+    #[test]
+    fn status_shows_the_replacement_and_what_a_failed_member_needs() {
+        let d = decision(
+            vec![
+                claim("a", "/dev/l0", true, false),
+                claim("d", "/dev/l3", false, false),
+            ],
+            &[],
+            Ok(()),
+        );
+        let mut s = show(&[Some("/dev/l0"), Some("/dev/l1"), Some("/dev/l3")]);
+        s.devices[2].devid = 0;
+        let u = usage();
+        let failing = [("/dev/l1".to_string(), errors())];
+        let repair = failed(2, 1 << 30);
+        let replacement = PoolReplacement {
+            failed: "/dev/l1 (devid 2)".into(),
+            block_device: "d".into(),
+            path: "/dev/l3".into(),
+            progress: Some("42.5%".into()),
+        };
+        let status = node_status(
+            "n1",
+            &d,
+            &[],
+            &Outcome {
+                show: Some(&s),
+                usage: Some(&u),
+                failing: &failing,
+                failed: &repair.failed,
+                replacement: Some(&replacement),
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(DEGRADED));
+        assert_eq!(
+            status.message.as_deref(),
+            Some("replacing /dev/l1 (devid 2) by /dev/l3 (d): 42.5% copied")
+        );
+        let states: Vec<_> = status.disks.iter().map(|d| d.state.as_deref()).collect();
+        assert_eq!(states, [Some("Online"), Some("Failing"), Some("Replacing")]);
+        assert_eq!(status.replacement, Some(replacement));
+
+        let s = show(&[Some("/dev/l0"), Some("/dev/l1")]);
+        let status = node_status(
+            "n1",
+            &d,
+            &[],
+            &Outcome {
+                show: Some(&s),
+                usage: Some(&u),
+                failing: &failing,
+                failed: &repair.failed,
+                replace_error: Some("target too small"),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            status.message.as_deref(),
+            Some(
+                "1 disk reports I/O or checksum errors: /dev/l1 (3 corruption errors); reads are served from the layout's other copy where it keeps one; replace the disk; a clean disk of at least 1073741824 bytes that the pool's device filter selects on this node replaces /dev/l1; the last replacement failed: target too small"
+            )
+        );
+        assert_eq!(status.replacement, None);
     }
 }

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
@@ -37,8 +37,9 @@ use super::deletion;
 use super::host::{self, run};
 use super::inventory::{NODE_LABEL, Observed};
 use super::observe::{Sources, still_the_disk};
-use super::pool::{self, Blocked, Filesystem, Outcome, Step};
+use super::pool::{self, Blocked, Filesystem, Outcome, Repair, Step};
 use super::probe::SignatureKind;
+use super::replace::{Ended, Progress, Replacements};
 use super::reported::Reported;
 use super::storage_class;
 use super::totals;
@@ -76,7 +77,8 @@ pub struct Next {
     /// Releasing a deleted pool failed on something that passes (a disk still held
     /// busy): try again in a few seconds rather than at the next periodic look.
     pub retry_soon: bool,
-    /// Look again after this long: a missing member's grace period ends then.
+    /// Look again after this long: a missing member's grace period ends then, or a
+    /// replacement runs.
     pub look_in: Option<Duration>,
 }
 
@@ -93,6 +95,9 @@ impl Next {
         }
     }
 }
+
+/// How often a running replacement's progress is looked at.
+const REPLACEMENT_LOOK: Duration = Duration::from_secs(2);
 
 /// Field manager of the `Deleting` condition (the same content from every node).
 pub const DELETION_FIELD_MANAGER: &str = "castellan-agent-deletion";
@@ -112,6 +117,8 @@ pub struct Pools {
     /// When this agent first saw each missing member missing (after a restart it
     /// counts again from its first look: later, never earlier).
     missing_since: Mutex<BTreeMap<(String, String), Instant>>,
+    /// Failed members being replaced.
+    replacements: Arc<Replacements>,
 }
 
 impl Pools {
@@ -128,6 +135,7 @@ impl Pools {
             reported: Reported::default(),
             missing_grace,
             missing_since: Mutex::new(BTreeMap::new()),
+            replacements: Arc::default(),
         }
     }
 
@@ -560,13 +568,63 @@ impl Pools {
         let (missing_failed, look_in) = self.missing_for_long(&name, &decision.missing_members);
 
         let mount_path = btrfs::mount_path(&self.root, &self.node, &name);
-        let filesystem = {
+        let (filesystem, failing) = {
             let mount_path = mount_path.clone();
             let members = decision.claims.iter().any(|claim| claim.member);
             // Unmounted on a panic: never build over what might be there.
-            blocking(Filesystem::Unmounted, move || inspect(&mount_path, members)).await
+            blocking((Filesystem::Unmounted, Vec::new()), move || {
+                let filesystem = inspect(&mount_path, members);
+                let failing = match &filesystem {
+                    Filesystem::Mounted(_) => failing_members(&mount_path),
+                    _ => Vec::new(),
+                };
+                (filesystem, failing)
+            })
+            .await
         };
-        let planned = pool::plan(&name, pool.spec.layout, &decision, &filesystem);
+        let mounted = match &filesystem {
+            Filesystem::Mounted(show) => Some(show.clone()),
+            _ => None,
+        };
+        let progress = {
+            let (replacements, pool, path) =
+                (self.replacements.clone(), name.clone(), mount_path.clone());
+            let show = mounted.clone();
+            blocking(Progress::None, move || {
+                replacements.progress(&pool, &path, show.as_ref())
+            })
+            .await
+        };
+        let mut replacement = None;
+        let (mut replaced, mut ended) = (false, false);
+        match progress {
+            Progress::None => {}
+            Progress::Running(status) => replacement = Some(status),
+            Progress::Ended(result) => {
+                (replaced, ended) = (result.result.is_ok(), true);
+                self.replacement_ended(pool, observed, &mount_path, result)
+                    .await?;
+            }
+        }
+        let missing_sizes: Vec<(String, u64)> = missing_failed
+            .iter()
+            .filter_map(|member| {
+                let device = devices.iter().find(|device| device.name_any() == *member)?;
+                Some((
+                    member.clone(),
+                    u64::try_from(device.spec.size_bytes).unwrap_or(0),
+                ))
+            })
+            .collect();
+        let replace_error = self.replacements.recent_failure(&name);
+        let repair = Repair {
+            failed: mounted
+                .as_ref()
+                .map(|show| pool::failed_members(show, &failing, &missing_sizes))
+                .unwrap_or_default(),
+            hold: replace_error.is_some(),
+        };
+        let planned = pool::plan(&name, pool.spec.layout, &decision, &filesystem, &repair);
         let current: Vec<pool::DeviceState<'_>> = devices
             .iter()
             .map(|device| {
@@ -592,14 +650,44 @@ impl Pools {
                 .await?;
             }
             tracing::info!(node = %self.node, pool = %name, ?steps, "building the pool");
-            let (steps, path, node) = (steps.clone(), mount_path.clone(), self.node.clone());
-            if let Err(message) = blocking(Err("the pool steps panicked".to_string()), move || {
-                run_steps(&node, &steps, &path)
+            let run = Run {
+                node: self.node.clone(),
+                pool: name.clone(),
+                mount_path: mount_path.clone(),
+                replacements: self.replacements.clone(),
+            };
+            let to_run = steps.clone();
+            match blocking(Err("the pool steps panicked".to_string()), move || {
+                run.steps(&to_run)
             })
             .await
             {
-                tracing::error!(node = %self.node, pool = %name, %message, "a pool step failed");
-                error = Some(message);
+                Ok(()) => {
+                    if let Some(Step::Replace {
+                        failed,
+                        path,
+                        block_device,
+                    }) = steps.last()
+                    {
+                        let status = castellan_crds::storage_pool::PoolReplacement {
+                            failed: format!("{} (devid {})", failed.name, failed.devid),
+                            block_device: block_device.clone(),
+                            path: path.clone(),
+                            progress: None,
+                        };
+                        let note = format!(
+                            "replacing {} by {path} ({block_device}) on node {}",
+                            status.failed, self.node
+                        );
+                        self.event(pool, EventType::Normal, ("DiskReplacing", "Replace"), note)
+                            .await;
+                        replacement = Some(status);
+                    }
+                }
+                Err(message) => {
+                    tracing::error!(node = %self.node, pool = %name, %message, "a pool step failed");
+                    error = Some(message);
+                }
             }
         }
         let (show, usage, allocated_bytes, failing) = {
@@ -640,6 +728,12 @@ impl Pools {
                     .await;
             }
         }
+        // The missing members a replacement made unnecessary: no longer the pool's.
+        if replaced && show.as_ref().is_some_and(|show| show.missing() == 0) {
+            for member in &missing_failed {
+                self.release_device(member).await?;
+            }
+        }
         for device in pool::to_mark_in_use(&name, &decision, show.as_ref(), &failing, &current) {
             self.apply_device(
                 &device,
@@ -662,6 +756,9 @@ impl Pools {
                 allocated_bytes,
                 failing: &failing,
                 missing_failed: &missing_failed,
+                failed: &repair.failed,
+                replacement: replacement.as_ref(),
+                replace_error: replace_error.as_deref(),
             },
         );
         if let Some(Blocked::Shortfall(shortfall)) = &blocked {
@@ -670,7 +767,90 @@ impl Pools {
         self.apply_node_status(pool, &status).await?;
         self.apply_totals(&name).await?;
         self.apply_storage_class(pool).await?;
-        Ok(look_in)
+        // A replacement runs or just ended: look again for its progress, its end and
+        // the status after it, which nothing else announces.
+        Ok(if replacement.is_some() || ended {
+            Some(look_in.map_or(REPLACEMENT_LOOK, |at| at.min(REPLACEMENT_LOOK)))
+        } else {
+            look_in
+        })
+    }
+
+    /// Reports a replacement that ended. After a success the new disk is used whole
+    /// and what a degraded mount wrote singly is mirrored again; the replaced disk, if
+    /// still attached, stays `Failed` with what replaced it.
+    async fn replacement_ended(
+        &self,
+        pool: &StoragePool,
+        observed: &[Observed],
+        mount_path: &Path,
+        ended: Ended,
+    ) -> Result<(), PoolsError> {
+        let name = pool.name_any();
+        let what = format!(
+            "{} (devid {}) by {} ({})",
+            ended.failed.name, ended.failed.devid, ended.path, ended.block_device
+        );
+        if let Err(message) = ended.result {
+            tracing::error!(node = %self.node, pool = %name, %what, %message, "replacing a failed member failed");
+            let note = format!("replacing {what} on node {} failed: {message}", self.node);
+            self.event(
+                pool,
+                EventType::Warning,
+                ("DiskReplaceFailed", "Replace"),
+                note,
+            )
+            .await;
+            return Ok(());
+        }
+        self.replacements.forget_failure(&name);
+        tracing::info!(node = %self.node, pool = %name, %what, took_seconds = ended.took.as_secs_f64(), "replaced a failed member");
+        let note = format!(
+            "replaced {what} on node {} in {:.1} s",
+            self.node,
+            ended.took.as_secs_f64()
+        );
+        self.event(pool, EventType::Normal, ("DiskReplaced", "Replace"), note)
+            .await;
+        if let Some(old) = observed
+            .iter()
+            .find(|device| device.spec.path == ended.failed.name)
+        {
+            let message = format!(
+                "failed member of pool {name}, replaced by {} ({}); it holds none of the pool's data and can be detached",
+                ended.path, ended.block_device
+            );
+            self.apply_device(&old.name, BlockDeviceState::Failed, &name, message)
+                .await?;
+        }
+        let present = {
+            let path = mount_path.to_path_buf();
+            blocking(None, move || mounted_show(&path)).await
+        }
+        .map_or(0, |show| {
+            show.devices.iter().filter(|d| d.path.is_some()).count()
+        });
+        let (data, metadata) = btrfs::profiles(pool.spec.layout, present);
+        let run = Run {
+            node: self.node.clone(),
+            pool: name.clone(),
+            mount_path: mount_path.to_path_buf(),
+            replacements: self.replacements.clone(),
+        };
+        let steps = [
+            Step::Resize {
+                devid: ended.failed.devid,
+            },
+            Step::Balance { data, metadata },
+        ];
+        if let Err(message) = blocking(Err("the pool steps panicked".to_string()), move || {
+            run.steps(&steps)
+        })
+        .await
+        {
+            tracing::warn!(node = %self.node, pool = %name, %message, "settling the pool after a replacement failed");
+        }
+        Ok(())
     }
 
     /// Of pool `pool`'s `missing` members (not attached), those missing for longer than
@@ -972,56 +1152,86 @@ pub fn failing_members(mount_path: &Path) -> Failing {
         .unwrap_or_default()
 }
 
-/// Runs the steps in order, stopping at the first failure, whose error is returned.
-fn run_steps(node: &str, steps: &[Step], mount_path: &Path) -> Result<(), String> {
-    let mount = mount_path.to_string_lossy().into_owned();
-    for step in steps {
-        let _span = tracing::info_span!("pool step", ?step).entered();
-        match step {
-            Step::Wipe { path, block_device } => {
-                still_the_disk(node, path, block_device, &Sources::default())?;
-                run("wipefs", &["--all", path])?;
-            }
-            Step::Mkfs(args) => {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                run("mkfs.btrfs", &args)?;
-            }
-            Step::Mount { devices, degraded } => {
-                host::create_dir_all(mount_path)
-                    .map_err(|error| format!("creating mount point {mount}: {error}"))?;
-                let mut scan = vec!["device", "scan"];
-                scan.extend(devices.iter().map(String::as_str));
-                run("btrfs", &scan)?;
-                let first = devices
-                    .first()
-                    .ok_or_else(|| format!("mounting {mount}: no device to mount"))?;
-                let mut args = vec!["-t", "btrfs"];
-                if *degraded {
-                    args.extend(["-o", "degraded"]);
+/// What running one pool's steps on this node needs.
+struct Run {
+    node: String,
+    pool: String,
+    mount_path: PathBuf,
+    replacements: Arc<Replacements>,
+}
+
+impl Run {
+    /// Runs the steps in order, stopping at the first failure, whose error is returned.
+    fn steps(&self, steps: &[Step]) -> Result<(), String> {
+        let Run {
+            node,
+            pool,
+            mount_path,
+            replacements,
+        } = self;
+        let mount = mount_path.to_string_lossy().into_owned();
+        for step in steps {
+            let _span = tracing::info_span!("pool step", ?step).entered();
+            match step {
+                Step::Wipe { path, block_device } => {
+                    still_the_disk(node, path, block_device, &Sources::default())?;
+                    run("wipefs", &["--all", path])?;
                 }
-                args.extend([first.as_str(), mount.as_str()]);
-                run("mount", &args)?;
-            }
-            Step::EnableQuota => {
-                run("btrfs", &["quota", "enable", &mount])?;
-            }
-            Step::AddDevices(paths) => {
-                let mut args = vec!["device", "add"];
-                args.extend(paths.iter().map(String::as_str));
-                args.push(&mount);
-                run("btrfs", &args)?;
-            }
-            Step::Balance { data, metadata } => {
-                let data = format!("-dconvert={data},soft");
-                let metadata = format!("-mconvert={metadata},soft");
-                run(
-                    "btrfs",
-                    &["balance", "start", "--bg", &data, &metadata, &mount],
-                )?;
+                Step::Resize { devid } => {
+                    run(
+                        "btrfs",
+                        &["filesystem", "resize", &format!("{devid}:max"), &mount],
+                    )?;
+                }
+                Step::Replace {
+                    failed,
+                    path,
+                    block_device,
+                } => {
+                    still_the_disk(node, path, block_device, &Sources::default())?;
+                    replacements.start(pool, mount_path, failed, (path, block_device))?;
+                }
+                Step::Mkfs(args) => {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    run("mkfs.btrfs", &args)?;
+                }
+                Step::Mount { devices, degraded } => {
+                    host::create_dir_all(mount_path)
+                        .map_err(|error| format!("creating mount point {mount}: {error}"))?;
+                    let mut scan = vec!["device", "scan"];
+                    scan.extend(devices.iter().map(String::as_str));
+                    run("btrfs", &scan)?;
+                    let first = devices
+                        .first()
+                        .ok_or_else(|| format!("mounting {mount}: no device to mount"))?;
+                    let mut args = vec!["-t", "btrfs"];
+                    if *degraded {
+                        args.extend(["-o", "degraded"]);
+                    }
+                    args.extend([first.as_str(), mount.as_str()]);
+                    run("mount", &args)?;
+                }
+                Step::EnableQuota => {
+                    run("btrfs", &["quota", "enable", &mount])?;
+                }
+                Step::AddDevices(paths) => {
+                    let mut args = vec!["device", "add"];
+                    args.extend(paths.iter().map(String::as_str));
+                    args.push(&mount);
+                    run("btrfs", &args)?;
+                }
+                Step::Balance { data, metadata } => {
+                    let data = format!("-dconvert={data},soft");
+                    let metadata = format!("-mconvert={metadata},soft");
+                    run(
+                        "btrfs",
+                        &["balance", "start", "--bg", &data, &metadata, &mount],
+                    )?;
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]
