@@ -25,6 +25,9 @@ use super::btrfs::{self, Show};
 use super::host::{self, run};
 use super::pool::FailedMember;
 
+/// What an ENOSPC from `btrfs replace` means for the user.
+const TOO_FULL: &str = " (the pool is too full to replace a member: btrfs sets each block group read-only while it copies it, which needs room for it elsewhere; free space in the pool and it is tried again)";
+
 /// How long a failed replacement waits before the next try.
 pub const RETRY_AFTER: Duration = Duration::from_secs(60);
 
@@ -123,11 +126,19 @@ impl Replacements {
             );
             let result = match job.child.wait_with_output() {
                 Ok(output) if output.status.success() => Ok(()),
-                Ok(output) => Err(format!(
-                    "{args} failed ({}): {}",
-                    output.status,
-                    String::from_utf8_lossy(&output.stderr).trim()
-                )),
+                Ok(output) => {
+                    let error = String::from_utf8_lossy(&output.stderr);
+                    Err(format!(
+                        "{args} failed ({}): {}{}",
+                        output.status,
+                        error.trim(),
+                        if error.contains("No space left on device") {
+                            TOO_FULL
+                        } else {
+                            ""
+                        }
+                    ))
+                }
                 Err(error) => Err(format!("waiting for {args}: {error}")),
             };
             if let (Err(message), Ok(mut failures)) = (&result, self.failures.lock()) {
