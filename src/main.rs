@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod cadence;
 mod instance;
 mod instance_api;
 mod operator;

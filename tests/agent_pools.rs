@@ -1115,6 +1115,145 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
     setup.finish();
 }
 
+/// A pool scrubbed on its schedule (`* * * * *` here): a member whose blocks were
+/// zeroed behind btrfs's back, never read since, is found by the scrub, which rewrites
+/// the bad copies from the good one: the scrub `Repaired` with the counts in the node's
+/// status and a `ScrubRepaired` Event, the member failing, the data intact; the next
+/// slot in the status; `suspend` stops the schedule.
+#[tokio::test]
+async fn a_scheduled_scrub_finds_and_repairs_silent_corruption() {
+    let mut setup = OneNode::new("scrub", 7).await;
+    setup.disk("one.img");
+    let bad = setup.disk("two.img");
+    let bad_file = setup.dir.join("two.img");
+    setup.start_agent(&[]);
+    setup.create_pool("raid1").await;
+    setup
+        .wait("Healthy with two disks", |e| {
+            e.health.as_deref() == Some("Healthy") && e.disks.len() == 2
+        })
+        .await;
+    let entry = setup
+        .wait("the monthly schedule in status", |e| e.scrub.is_some())
+        .await;
+    let next = entry.scrub.and_then(|scrub| scrub.next).unwrap_or_default();
+    assert!(
+        next.ends_with("-01T03:00:00Z"),
+        "by default the first of the month at 03:00 UTC: {next}"
+    );
+    let mount = setup
+        .scratch
+        .pool_root()
+        .join(&setup.node)
+        .join(&setup.pool);
+    let data: Vec<u8> = (0..32 * MIB as usize).map(|i| (i % 251) as u8).collect();
+    fs::write(mount.join("kept.bin"), &data).expect("writing to the pool");
+    run("sync", &[]);
+    // Silent corruption: every block after the first MiB of one member turns to zeros,
+    // and nothing reads it before the scrub does.
+    run(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={}", bad_file.display()),
+            "bs=1M",
+            "seek=1",
+            "count=255",
+            "conv=notrunc",
+            "status=none",
+        ],
+    );
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("dropping the page cache");
+    let scheduled = Instant::now();
+    setup
+        .pool_api
+        .patch(
+            &setup.pool,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "scrub": { "schedule": "* * * * *" } } })),
+        )
+        .await
+        .expect("scheduling scrubs every minute");
+    let deadline = scheduled + Duration::from_secs(120);
+    let scrub = loop {
+        let scrub = setup_entry(&setup).await.and_then(|entry| entry.scrub);
+        if let Some(scrub) = &scrub
+            && scrub.last_finished.is_some()
+        {
+            break scrub.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no scrub ended within 120 s of the every-minute schedule: {scrub:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!(
+        "{}: scrub ended {:.1} s after the every-minute schedule was set: {:?} {:?}",
+        setup.node,
+        scheduled.elapsed().as_secs_f64(),
+        scrub.phase,
+        scrub.result
+    );
+    assert_eq!(scrub.phase.as_deref(), Some("Repaired"), "{scrub:#?}");
+    let result = scrub.result.clone().unwrap_or_default();
+    assert!(
+        result.contains("checksum") && result.contains("all corrected from the good copy"),
+        "{result}"
+    );
+    let started = scrub.last_started.clone().unwrap_or_default();
+    let next = scrub.next.clone().unwrap_or_default();
+    assert!(
+        next.ends_with(":00Z") && next > started,
+        "the next slot, a minute boundary after {started}: {next}"
+    );
+    let events = support::kubectl_ok(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        &format!("involvedObject.name={},reason=ScrubRepaired", setup.pool),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(
+        events.contains("all corrected"),
+        "no ScrubRepaired Event: {events:?}"
+    );
+    // btrfs counted the errors on the member: it is reported failing.
+    let entry = setup
+        .wait("Degraded by the member the scrub found bad", |e| {
+            e.health.as_deref() == Some("Degraded")
+        })
+        .await;
+    assert!(
+        entry.message.as_deref().unwrap_or_default().contains(&bad),
+        "{entry:#?}"
+    );
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("dropping the page cache");
+    assert_eq!(
+        fs::read(mount.join("kept.bin")).expect("reading after the scrub"),
+        data
+    );
+
+    setup
+        .pool_api
+        .patch(
+            &setup.pool,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "scrub": { "suspend": true } } })),
+        )
+        .await
+        .expect("suspending scrubs");
+    setup
+        .wait("scrubs suspended", |e| {
+            e.scrub.as_ref().and_then(|s| s.next.as_deref()) == Some("none: scrub.suspend is true")
+        })
+        .await;
+
+    setup.finish();
+}
+
 /// The test node's entry in its pool's status, if any.
 async fn setup_entry(setup: &OneNode) -> Option<PoolNodeStatus> {
     setup

@@ -45,7 +45,30 @@ pub struct StoragePoolSpec {
 
     /// The StorageClass the pool publishes.
     pub storage_class: PoolStorageClass,
+
+    /// When each node's part of the pool is scrubbed: every copy of every block read
+    /// and checked against its checksum, a bad copy rewritten from a good one. The
+    /// first day of each month at 03:00 UTC when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub: Option<ScrubSpec>,
 }
+
+/// A pool's scrub schedule.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScrubSpec {
+    /// A five-field cron expression in UTC, such as `0 3 * * 0` (Sundays at 03:00), or
+    /// a macro such as `@weekly`. `0 3 1 * *` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub schedule: Option<String>,
+    /// No scheduled scrubs while true (one running goes on).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+}
+
+/// The schedule of a pool without `scrub.schedule`.
+pub const DEFAULT_SCRUB_SCHEDULE: &str = "0 3 1 * *";
 
 /// Filters that pick disks; a disk must pass all that are given.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -213,6 +236,31 @@ pub struct PoolNodeStatus {
     /// A failed member being replaced by a new disk (`btrfs replace`), while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement: Option<PoolReplacement>,
+    /// The node's scrubs: the last one and the next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub: Option<PoolScrubStatus>,
+}
+
+/// Scrubbing one node's part of a pool.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolScrubStatus {
+    /// When the last scrub started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_started: Option<String>,
+    /// When it ended, as the agent saw it end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_finished: Option<String>,
+    /// `Running`, `Succeeded` (no errors), `Repaired` (errors found and corrected),
+    /// `Failed` (uncorrectable errors, or the scrub did not complete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// What it found: `no errors found in 256.0 MiB`, the error counts, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// The next scheduled scrub (RFC 3339), or why there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// A failed member's replacement in progress on one node.

@@ -333,6 +333,7 @@ mod tests {
                 reclaim_policy: ReclaimPolicy::Delete,
                 default: false,
             },
+            scrub: None,
         }
     }
 

@@ -83,3 +83,61 @@ pub fn exists(path: &Path) -> bool {
         .status()
         .is_ok_and(|status| status.success())
 }
+
+/// A command on the host left running while the agent goes on (a `btrfs replace` or
+/// `scrub` in the foreground of a process of its own, so that its exit status and
+/// output come back to the agent).
+pub struct Background {
+    child: std::process::Child,
+    /// What was run, for errors.
+    pub command: String,
+    pub started: std::time::Instant,
+}
+
+impl Background {
+    /// Starts `program args` with stdout and stderr kept for [`Background::finished`].
+    pub fn start(program: &str, args: &[&str]) -> Result<Self, String> {
+        let command_line = format!("{program} {}", args.join(" "));
+        let child = command(program)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|error| format!("running {command_line}: {error}"))?;
+        Ok(Self {
+            child,
+            command: command_line,
+            started: std::time::Instant::now(),
+        })
+    }
+
+    /// Whether it still runs (an error asking counts as ended).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits for it to end: its stdout, or what was run and how it failed (with its
+    /// stderr) and its stdout. Call once [`Background::running`] is false.
+    pub fn finished(self) -> Result<String, (String, String)> {
+        let command = self.command;
+        match self.child.wait_with_output() {
+            Ok(output) => {
+                let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+                if output.status.success() {
+                    Ok(stdout)
+                } else {
+                    Err((
+                        format!(
+                            "{command} failed ({}): {}",
+                            output.status,
+                            String::from_utf8_lossy(&output.stderr).trim()
+                        ),
+                        stdout,
+                    ))
+                }
+            }
+            Err(error) => Err((format!("waiting for {command}: {error}"), String::new())),
+        }
+    }
+}

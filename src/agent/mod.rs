@@ -23,6 +23,7 @@ pub mod probe;
 pub mod replace;
 pub mod reported;
 pub mod safety;
+pub mod scrub;
 pub mod storage_class;
 pub mod totals;
 pub mod uevent;
@@ -173,6 +174,7 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let mut timed = None;
     loop {
         let cause = tokio::select! {
             _ = interval.tick() => "periodic",
@@ -208,12 +210,27 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             rescan(&node, &allow, &sources, &inventory, &pools, "released").await;
         }
         if let Some(delay) = next.look_in {
-            // A missing member's grace period ends, or a replacement runs: look again.
-            let retry = retries.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                let _ = retry.try_send(());
-            });
+            // A missing member's grace period ends, a replacement or scrub runs, a
+            // scrub is due: look again then. One timer, the soonest: passes come
+            // every few seconds and must not pile up sleeping tasks.
+            let at = tokio::time::Instant::now() + delay;
+            let sooner_pending =
+                timed
+                    .as_ref()
+                    .is_some_and(|(when, timer): &(_, tokio::task::JoinHandle<()>)| {
+                        !timer.is_finished() && *when <= at
+                    });
+            if !sooner_pending {
+                if let Some((_, timer)) = timed.take() {
+                    timer.abort();
+                }
+                let retry = retries.clone();
+                let timer = tokio::spawn(async move {
+                    tokio::time::sleep_until(at).await;
+                    let _ = retry.try_send(());
+                });
+                timed = Some((at, timer));
+            }
         }
         if next.retry_soon {
             let retry = retries.clone();

@@ -510,6 +510,8 @@ pub fn node_status(
         disks,
         rejected,
         replacement: outcome.replacement.cloned(),
+        // The shell's: it carries the scrub schedule from pass to pass.
+        scrub: None,
     }
 }
 

@@ -41,9 +41,12 @@ use super::pool::{self, Blocked, Filesystem, Outcome, Repair, Step};
 use super::probe::SignatureKind;
 use super::replace::{Ended, Progress, Replacements};
 use super::reported::Reported;
+use super::scrub::{self, Scrubs};
 use super::storage_class;
 use super::totals;
 use super::volume;
+use crate::cadence::Cadence;
+use castellan_crds::storage_pool::PoolScrubStatus;
 
 /// Field manager of the StorageClass writes (the same on every node: same content).
 pub const CLASS_FIELD_MANAGER: &str = "castellan-agent";
@@ -96,8 +99,8 @@ impl Next {
     }
 }
 
-/// How often a running replacement's progress is looked at.
-const REPLACEMENT_LOOK: Duration = Duration::from_secs(2);
+/// How often a running replacement or scrub is looked at.
+const BACKGROUND_LOOK: Duration = Duration::from_secs(2);
 
 /// Field manager of the `Deleting` condition (the same content from every node).
 pub const DELETION_FIELD_MANAGER: &str = "castellan-agent-deletion";
@@ -119,6 +122,8 @@ pub struct Pools {
     missing_since: Mutex<BTreeMap<(String, String), Instant>>,
     /// Failed members being replaced.
     replacements: Arc<Replacements>,
+    /// Scrubs running.
+    scrubs: Scrubs,
 }
 
 impl Pools {
@@ -136,6 +141,7 @@ impl Pools {
             missing_grace,
             missing_since: Mutex::new(BTreeMap::new()),
             replacements: Arc::default(),
+            scrubs: Scrubs::default(),
         }
     }
 
@@ -744,7 +750,7 @@ impl Pools {
             .await?;
         }
         let blocked = planned.err();
-        let status = pool::node_status(
+        let mut status = pool::node_status(
             &self.node,
             &decision,
             &missing_paths,
@@ -764,16 +770,124 @@ impl Pools {
         if let Some(Blocked::Shortfall(shortfall)) = &blocked {
             tracing::warn!(node = %self.node, pool = %name, %shortfall, "pool not built");
         }
+        let mut scrub_look = None;
+        if show.is_some() {
+            // A scrub is useful on a healthy pool only: a failed member is replaced
+            // first, and btrfs runs a scrub or a replacement, not both.
+            let may_run =
+                status.health.as_deref() == Some(pool::HEALTHY) && replacement.is_none() && !ended;
+            let (scrub, look) = self.scrub(pool, &mount_path, may_run).await;
+            status.scrub = scrub;
+            scrub_look = look;
+        }
         self.apply_node_status(pool, &status).await?;
         self.apply_totals(&name).await?;
         self.apply_storage_class(pool).await?;
         // A replacement runs or just ended: look again for its progress, its end and
         // the status after it, which nothing else announces.
-        Ok(if replacement.is_some() || ended {
-            Some(look_in.map_or(REPLACEMENT_LOOK, |at| at.min(REPLACEMENT_LOOK)))
+        let background = (replacement.is_some() || ended).then_some(BACKGROUND_LOOK);
+        Ok([look_in, background, scrub_look]
+            .into_iter()
+            .flatten()
+            .min())
+    }
+
+    /// The node's scrub of `pool` (see `scrub`): its status, started when due and
+    /// `may_run`, and when to look again (while it runs, or at the next slot).
+    async fn scrub(
+        &self,
+        pool: &StoragePool,
+        mount_path: &Path,
+        may_run: bool,
+    ) -> (Option<PoolScrubStatus>, Option<Duration>) {
+        let name = pool.name_any();
+        let mut status = pool
+            .status
+            .as_ref()
+            .and_then(|status| status.nodes.iter().find(|entry| entry.node == self.node))
+            .and_then(|entry| entry.scrub.clone())
+            .unwrap_or_default();
+        let now = Timestamp::now();
+        let mut running = false;
+        match self.scrubs.progress(&name) {
+            scrub::Progress::Running => running = true,
+            scrub::Progress::Ended(phase, result) => {
+                let (kind, reason) = match phase {
+                    scrub::SUCCEEDED => (EventType::Normal, "ScrubFinished"),
+                    scrub::REPAIRED => (EventType::Warning, "ScrubRepaired"),
+                    _ => (EventType::Warning, "ScrubFailed"),
+                };
+                let note = format!("scrub on node {}: {result}", self.node);
+                tracing::info!(node = %self.node, pool = %name, phase, %result, "scrub ended");
+                self.event(pool, kind, (reason, "Scrub"), note).await;
+                status.phase = Some(phase.to_string());
+                status.result = Some(result);
+                status.last_finished = Some(now.to_string());
+            }
+            scrub::Progress::None => {
+                if status.phase.as_deref() == Some(scrub::RUNNING) {
+                    status.phase = Some(scrub::FAILED.to_string());
+                    status.result = Some(
+                        "interrupted: the agent restarted while it ran (the next slot scrubs again)"
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        let spec = pool.spec.scrub.clone().unwrap_or_default();
+        let schedule = spec
+            .schedule
+            .as_deref()
+            .unwrap_or(castellan_crds::storage_pool::DEFAULT_SCRUB_SCHEDULE);
+        let cadence = match Cadence::parse(schedule, None, now) {
+            Ok(cadence) if !spec.suspend => cadence,
+            Ok(_) => {
+                status.next = Some("none: scrub.suspend is true".to_string());
+                return (Some(status), running.then_some(BACKGROUND_LOOK));
+            }
+            Err(error) => {
+                status.next = Some(format!("none: scrub.{error}"));
+                return (Some(status), running.then_some(BACKGROUND_LOOK));
+            }
+        };
+        let last = status
+            .last_started
+            .as_deref()
+            .and_then(|time| time.parse::<Timestamp>().ok());
+        let since = pool
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(now, |time| time.0);
+        let plan = scrub::plan(&cadence, last, since, now, may_run && !running);
+        if plan.start {
+            status.last_started = Some(now.to_string());
+            status.last_finished = None;
+            match self.scrubs.start(&name, mount_path) {
+                Ok(()) => {
+                    running = true;
+                    status.phase = Some(scrub::RUNNING.to_string());
+                    status.result = None;
+                    let note = format!("scrubbing pool {name} on node {}", self.node);
+                    self.event(pool, EventType::Normal, ("ScrubStarted", "Scrub"), note)
+                        .await;
+                }
+                Err(error) => {
+                    status.phase = Some(scrub::FAILED.to_string());
+                    status.result = Some(error);
+                }
+            }
+        }
+        status.next = plan.next.map(|next| next.to_string());
+        let look = if running {
+            Some(BACKGROUND_LOOK)
         } else {
-            look_in
-        })
+            plan.next.and_then(|next| {
+                let seconds = next.duration_since(now).as_secs_f64().max(1.0);
+                Duration::try_from_secs_f64(seconds).ok()
+            })
+        };
+        (Some(status), look)
     }
 
     /// Reports a replacement that ended. After a success the new disk is used whole

@@ -15,14 +15,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use castellan_crds::storage_pool::PoolReplacement;
 
 use super::btrfs::{self, Show};
-use super::host::{self, run};
+use super::host::{Background, run};
 use super::pool::FailedMember;
 
 /// What an ENOSPC from `btrfs replace` means for the user.
@@ -33,8 +32,7 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// A `btrfs replace` this agent started.
 struct Job {
-    child: Child,
-    started: Instant,
+    process: Background,
     failed: FailedMember,
     status: PoolReplacement,
 }
@@ -74,17 +72,12 @@ impl Replacements {
     ) -> Result<(), String> {
         let devid = failed.devid.to_string();
         let mount_text = mount.to_string_lossy();
-        let args = ["replace", "start", "-B", "-r", &devid, path, &mount_text];
-        let child = host::command("btrfs")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|error| format!("running btrfs {}: {error}", args.join(" ")))?;
+        let process = Background::start(
+            "btrfs",
+            &["replace", "start", "-B", "-r", &devid, path, &mount_text],
+        )?;
         let job = Job {
-            child,
-            started: Instant::now(),
+            process,
             failed: failed.clone(),
             status: PoolReplacement {
                 failed: format!("{} (devid {})", failed.name, failed.devid),
@@ -112,35 +105,21 @@ impl Replacements {
                 .and_then(|text| btrfs::parse_replace_progress(&text))
         };
         if let Some(job) = jobs.get_mut(pool)
-            && let Ok(None) = job.child.try_wait()
+            && job.process.running()
         {
             let mut status = job.status.clone();
             status.progress = copied();
             return Progress::Running(status);
         }
         if let Some(job) = jobs.remove(pool) {
-            let took = job.started.elapsed();
-            let args = format!(
-                "btrfs replace start -r {} {}",
-                job.failed.devid, job.status.path
-            );
-            let result = match job.child.wait_with_output() {
-                Ok(output) if output.status.success() => Ok(()),
-                Ok(output) => {
-                    let error = String::from_utf8_lossy(&output.stderr);
-                    Err(format!(
-                        "{args} failed ({}): {}{}",
-                        output.status,
-                        error.trim(),
-                        if error.contains("No space left on device") {
-                            TOO_FULL
-                        } else {
-                            ""
-                        }
-                    ))
+            let took = job.process.started.elapsed();
+            let result = job.process.finished().map(drop).map_err(|(error, _)| {
+                if error.contains("No space left on device") {
+                    format!("{error}{TOO_FULL}")
+                } else {
+                    error
                 }
-                Err(error) => Err(format!("waiting for {args}: {error}")),
-            };
+            });
             if let (Err(message), Ok(mut failures)) = (&result, self.failures.lock()) {
                 failures.insert(pool.to_string(), (message.clone(), Instant::now()));
             }

@@ -73,6 +73,7 @@ mod tests {
                     reclaim_policy: ReclaimPolicy::Retain,
                     default: true,
                 },
+                scrub: None,
             },
         );
         pool.metadata.uid = Some("u-1".into());

@@ -28,15 +28,12 @@ use std::time::Duration;
 use castellan_crds::backup::BackupMethod;
 use castellan_crds::retention::Retention;
 use castellan_crds::{Backup, BackupScheduleSpec, BackupScheduleStatus, BackupSpec};
-use croner::Cron;
-use croner::errors::CronError;
-use croner::parser::{CronParser, Seconds, Year};
 use jiff::Timestamp;
-use jiff::tz::TimeZone;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::ResourceExt;
 
 use super::super::cluster::Note;
+use crate::cadence::Cadence;
 
 /// Label on every Backup a schedule creates: the schedule's name. The schedule finds
 /// its Backups by it (they carry no owner reference, see [`backup`]).
@@ -182,75 +179,6 @@ pub struct Decision {
     pub requeue: Option<Duration>,
 }
 
-/// A cron expression that parsed, read in a time zone that exists.
-pub struct Cadence {
-    cron: Cron,
-    zone: TimeZone,
-}
-
-impl Cadence {
-    /// Parses the spec's schedule and time zone, and makes sure it fires at all after
-    /// `now` (`0 0 31 2 *` parses but never fires). The error is the message of the
-    /// `InvalidSchedule` condition.
-    pub fn parse(spec: &BackupScheduleSpec, now: Timestamp) -> Result<Self, String> {
-        // Five fields only: a sixth (seconds, as CloudNativePG's cron has) would
-        // silently mean something else than the user read.
-        let parser = CronParser::builder()
-            .seconds(Seconds::Disallowed)
-            .year(Year::Disallowed)
-            .build();
-        let cron = parser.parse(&spec.schedule).map_err(|error| {
-            // croner's field errors do not say which field ("Number out of bounds"):
-            // the ranges let a person find it.
-            let ranges = match error {
-                CronError::ComponentError(_) | CronError::IllegalCharacters(_) => {
-                    " (minute 0-59, hour 0-23, day of month 1-31, month 1-12 or JAN-DEC, \
-                     day of week 0-7 or SUN-SAT)"
-                }
-                _ => "",
-            };
-            format!(
-                "schedule {:?} is not a five-field cron expression or a macro such as @daily: {error}{ranges}",
-                spec.schedule
-            )
-        })?;
-        let zone = match spec.time_zone.as_deref() {
-            None => TimeZone::UTC,
-            Some(name) => TimeZone::get(name).map_err(|error| {
-                format!(
-                    "timeZone {name:?} is not an IANA time zone (such as Europe/Berlin): {error}"
-                )
-            })?,
-        };
-        let cadence = Self { cron, zone };
-        cadence
-            .next_after(now)
-            .map_err(|error| format!("schedule {:?} never fires: {error}", spec.schedule))?;
-        Ok(cadence)
-    }
-
-    /// The first slot strictly after `time`.
-    pub fn next_after(&self, time: Timestamp) -> Result<Timestamp, CronError> {
-        self.cron
-            .find_next_occurrence(&time.to_zoned(self.zone.clone()), false)
-            .map(|slot| slot.timestamp())
-    }
-
-    /// The latest slot at or before `time`.
-    pub fn latest_at(&self, time: Timestamp) -> Result<Timestamp, CronError> {
-        self.cron
-            .find_previous_occurrence(&time.to_zoned(self.zone.clone()), true)
-            .map(|slot| slot.timestamp())
-    }
-
-    /// The latest slot strictly before `time`.
-    fn latest_before(&self, time: Timestamp) -> Result<Timestamp, CronError> {
-        self.cron
-            .find_previous_occurrence(&time.to_zoned(self.zone.clone()), false)
-            .map(|slot| slot.timestamp())
-    }
-}
-
 /// `<schedule>-<yyyymmddhhmmss>` of the slot in UTC: sortable, unique per slot, and
 /// the same name when a reconcile whose status write was lost decides again.
 pub fn backup_name(schedule: &str, slot: Timestamp) -> String {
@@ -301,7 +229,11 @@ pub fn decide(observed: &Observed) -> Decision {
     let mut notes = Vec::new();
 
     let retention = prune(observed.spec.retention.as_ref(), observed.backups, now);
-    let cadence = Cadence::parse(observed.spec, now);
+    let cadence = Cadence::parse(
+        &observed.spec.schedule,
+        observed.spec.time_zone.as_deref(),
+        now,
+    );
     let mut create = None;
     let mut last_schedule_time = previous.last_schedule_time.clone();
     let (next, mut ready) = match &cadence {
@@ -369,9 +301,7 @@ pub fn decide(observed: &Observed) -> Decision {
             match cadence.next_after(now) {
                 Ok(next) => {
                     let zone = observed.spec.time_zone.as_deref().unwrap_or("UTC");
-                    let local = next
-                        .to_zoned(cadence.zone.clone())
-                        .strftime("%Y-%m-%d %H:%M %Z");
+                    let local = cadence.local(next);
                     (
                         Some(next),
                         (
@@ -799,7 +729,7 @@ mod tests {
     fn next_of(schedule: &str, zone: Option<&str>, after: &str) -> Timestamp {
         let mut spec = spec(schedule);
         spec.time_zone = zone.map(str::to_owned);
-        Cadence::parse(&spec, at(after))
+        Cadence::parse(&spec.schedule, spec.time_zone.as_deref(), at(after))
             .expect("a valid schedule")
             .next_after(at(after))
             .expect("a next slot")
@@ -821,7 +751,12 @@ mod tests {
             "@yearly",
         ] {
             assert!(
-                Cadence::parse(&spec(schedule), at("2026-03-01T10:00:00Z")).is_ok(),
+                Cadence::parse(
+                    schedule,
+                    spec(schedule).time_zone.as_deref(),
+                    at("2026-03-01T10:00:00Z")
+                )
+                .is_ok(),
                 "{schedule} should parse"
             );
         }
