@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState};
 use castellan_crds::storage_pool::{PoolNodeStatus, StoragePool, StoragePoolStatus};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 /// btrfs raid1 wants a little over 100 MiB per device; 256 MiB leaves room.
@@ -151,6 +152,7 @@ struct Objects {
     nodes: Vec<String>,
     pools: Vec<String>,
     classes: Vec<String>,
+    volumes: Vec<String>,
 }
 
 impl Drop for Objects {
@@ -170,6 +172,9 @@ impl Drop for Objects {
         }
         for class in &self.classes {
             let _ = support::kubectl(&["delete", "storageclass", class, "--wait=false"]);
+        }
+        for volume in &self.volumes {
+            let _ = support::kubectl(&["delete", "pv", volume, "--wait=false"]);
         }
         for node in &self.nodes {
             let selector = format!("castellan.io/node={node}");
@@ -896,6 +901,11 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
         .await;
     let (node, pool) = (setup.node.clone(), setup.pool.clone());
     let mount = setup.scratch.pool_root().join(&node).join(&pool);
+    // A volume of the pool on the node, bound to a claim: it is told its pool's health.
+    let namespace = support::TestNamespace::create(&support::client().await, "pools-health").await;
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(support::client().await, &namespace.name);
+    let volume = bound_volume(&mut setup, &namespace.name, &mount).await;
     // 32 MiB of data that is not all zeros, on both copies.
     let data: Vec<u8> = (0..32 * MIB as usize).map(|i| (i % 251) as u8).collect();
     fs::write(mount.join("kept.bin"), &data).expect("writing to the pool");
@@ -999,6 +1009,28 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
             && message.contains(&format!("replaces {bad}")),
         "the status says what replaces the failed disk: {message}"
     );
+    // The volume and its claim are told: annotations, a condition, an Event.
+    let claim = wait_claim_health(&claims, &volume, "Degraded").await;
+    let condition = claim
+        .status
+        .and_then(|status| status.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|condition| condition.type_ == "PoolHealthy")
+        .expect("a PoolHealthy condition on the claim");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_deref()),
+        ("False", Some("Degraded"))
+    );
+    assert!(
+        condition.message.unwrap_or_default().contains(&bad),
+        "the claim's condition names the failing disk"
+    );
+    let degraded_events = claim_events(&namespace.name, &volume, "VolumeDegraded");
+    assert!(
+        degraded_events.contains(&pool),
+        "no VolumeDegraded Event on the claim: {degraded_events:?}"
+    );
 
     // A new clean disk on the node replaces the failed one; the data is read (page
     // cache dropped) all along.
@@ -1091,6 +1123,12 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
         "jsonpath={.items[*].message}",
     ]);
     assert!(events.contains(&new), "no DiskReplaced Event: {events:?}");
+    wait_claim_health(&claims, &volume, "Healthy").await;
+    let healthy_events = claim_events(&namespace.name, &volume, "VolumeHealthy");
+    assert!(
+        healthy_events.contains("healthy again"),
+        "no VolumeHealthy Event on the claim: {healthy_events:?}"
+    );
     let started = support::kubectl_ok(&[
         "get",
         "events",
@@ -1252,6 +1290,91 @@ async fn a_scheduled_scrub_finds_and_repairs_silent_corruption() {
         .await;
 
     setup.finish();
+}
+
+/// A claim in `namespace` bound to a volume of the test's pool on its node, as the
+/// agent would have provisioned (labels, node affinity, a path in the pool); the
+/// claim's and the volume's name.
+async fn bound_volume(setup: &mut OneNode, namespace: &str, mount: &Path) -> String {
+    let name = format!("{}-vol", setup.pool);
+    setup.objects.volumes.push(name.clone());
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": name,
+            "labels": { "castellan.io/node": setup.node, "castellan.io/pool": setup.pool },
+        },
+        "spec": {
+            "capacity": { "storage": "1Mi" },
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": setup.pool,
+            "local": { "path": mount.to_string_lossy() },
+            "nodeAffinity": { "required": { "nodeSelectorTerms": [{ "matchExpressions": [
+                { "key": "kubernetes.io/hostname", "operator": "In", "values": [setup.node] }
+            ]}]}},
+            "claimRef": { "namespace": namespace, "name": name },
+        }
+    }))
+    .expect("a PersistentVolume");
+    Api::<PersistentVolume>::all(support::client().await)
+        .create(&PostParams::default(), &pv)
+        .await
+        .expect("creating the volume");
+    let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": setup.pool,
+            "volumeName": name,
+            "resources": { "requests": { "storage": "1Mi" } },
+        }
+    }))
+    .expect("a PersistentVolumeClaim");
+    Api::<PersistentVolumeClaim>::namespaced(support::client().await, namespace)
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("creating the claim");
+    name
+}
+
+/// Waits until claim `name` says its pool is `health`; returns it.
+async fn wait_claim_health(
+    claims: &Api<PersistentVolumeClaim>,
+    name: &str,
+    health: &str,
+) -> PersistentVolumeClaim {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let claim = claims.get(name).await.expect("reading the claim");
+        if claim
+            .annotations()
+            .get("castellan.io/pool-health")
+            .map(String::as_str)
+            == Some(health)
+        {
+            return claim;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "claim {name} not told its pool is {health}: {:?}",
+            claim.metadata.annotations
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The messages of Events with `reason` about claim `name`.
+fn claim_events(namespace: &str, name: &str, reason: &str) -> String {
+    support::kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        &format!("involvedObject.name={name},reason={reason}"),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ])
 }
 
 /// The test node's entry in its pool's status, if any.

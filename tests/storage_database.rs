@@ -265,6 +265,46 @@ async fn a_three_instance_cluster_on_a_pool_keeps_its_data_in_subvolumes() {
     }
     seen_nodes.sort();
     assert_eq!(seen_nodes, NODES, "one instance per node");
+    // Each node's agent tells the volumes their pool's health, and the cluster says it.
+    eventually(
+        "VolumesHealthy=True from the agents' reports on the claims",
+        Duration::from_secs(60),
+        || async {
+            let out = kubectl(&[
+                "get",
+                "dbc",
+                "ledger",
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"VolumesHealthy\")].status}/{.status.conditions[?(@.type==\"VolumesHealthy\")].reason}/{.status.conditions[?(@.type==\"VolumesHealthy\")].message}",
+            ]);
+            let condition = String::from_utf8_lossy(&out.stdout).into_owned();
+            if condition
+                == "True/PoolHealthy/the pools under 3 of 3 volumes are healthy on their nodes"
+            {
+                Ok(())
+            } else {
+                Err(condition)
+            }
+        },
+    )
+    .await;
+    for claim in &claims.items {
+        let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+            .get(&claim.metadata.name.clone().unwrap_or_default())
+            .await
+            .expect("reading the claim");
+        assert_eq!(
+            claim
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get("castellan.io/pool-health")
+                .map(String::as_str),
+            Some("Healthy")
+        );
+    }
     kubectl_ok(&["delete", "dbc", "ledger", "-n", &ns, "--timeout=120s"]);
     let _ = kubectl(&["delete", "pvc", "--all", "-n", &ns, "--timeout=60s"]);
 }

@@ -67,6 +67,13 @@ pub struct ScrubSpec {
     pub suspend: bool,
 }
 
+/// Annotation the node agent keeps on each PersistentVolume of a pool, and on its
+/// claim: the pool's health on the volume's node (`Healthy`, `Degraded`, `Failed`,
+/// `Pending`). The operator reads it from its instances' claims (`VolumesHealthy`).
+pub const POOL_HEALTH_ANNOTATION: &str = "castellan.io/pool-health";
+/// Beside it: why, when not `Healthy`.
+pub const POOL_HEALTH_MESSAGE_ANNOTATION: &str = "castellan.io/pool-health-message";
+
 /// The schedule of a pool without `scrub.schedule`.
 pub const DEFAULT_SCRUB_SCHEDULE: &str = "0 3 1 * *";
 

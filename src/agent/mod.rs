@@ -13,6 +13,7 @@ pub mod btrfs;
 pub mod claim;
 pub mod deletion;
 pub mod discovery;
+pub mod health;
 pub mod host;
 pub mod identity;
 pub mod inventory;

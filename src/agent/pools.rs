@@ -34,6 +34,7 @@ use tracing::Instrument;
 use super::btrfs::{self, Show, Usage};
 use super::claim::{self, Candidate};
 use super::deletion;
+use super::health;
 use super::host::{self, run};
 use super::inventory::{NODE_LABEL, Observed};
 use super::observe::{Sources, still_the_disk};
@@ -781,6 +782,11 @@ impl Pools {
             scrub_look = look;
         }
         self.apply_node_status(pool, &status).await?;
+        if let Err(error) =
+            health::apply(&self.client, &self.recorder, (&self.node, &name), &status).await
+        {
+            tracing::warn!(node = %self.node, pool = %name, %error, "telling the volumes their pool's health failed");
+        }
         self.apply_totals(&name).await?;
         self.apply_storage_class(pool).await?;
         // A replacement runs or just ended: look again for its progress, its end and

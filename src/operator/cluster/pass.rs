@@ -649,8 +649,9 @@ async fn enact(
     // A Warning Event when a condition that needs the user turns False (or changes its
     // reason while False), once.
     type Warning = fn(Option<&Condition>, &Condition) -> Option<Note>;
-    let warnings: [(&str, Warning); 3] = [
+    let warnings: [(&str, Warning); 4] = [
         (volumes::CONDITION, volumes::warning),
+        (volumes::HEALTH_CONDITION, volumes::health_warning),
         (SERVER_CERTIFICATE, plan::certificate_warning),
         (catalog::CONDITION, plan::version_warning),
     ];

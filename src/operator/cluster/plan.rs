@@ -214,6 +214,15 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         cluster.metadata.generation,
         now.clone(),
     );
+    let volumes_healthy = volumes::health_condition(
+        &observed.claims,
+        previous
+            .conditions
+            .iter()
+            .find(|c| c.type_ == volumes::HEALTH_CONDITION),
+        cluster.metadata.generation,
+        now.clone(),
+    );
     let conditions = vec![
         condition(
             cluster,
@@ -251,6 +260,7 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
             now,
         ),
         volumes_bound,
+        volumes_healthy,
     ]
     .into_iter()
     .chain(

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeSet;
 
+use castellan_crds::storage_pool::{POOL_HEALTH_ANNOTATION, POOL_HEALTH_MESSAGE_ANNOTATION};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
@@ -92,6 +93,106 @@ pub fn condition<'a>(
         observed_generation: generation,
         last_transition_time,
     }
+}
+
+/// The condition's type for the volumes' health.
+pub const HEALTH_CONDITION: &str = "VolumesHealthy";
+/// Every volume's pool is healthy on its node.
+pub const POOL_HEALTHY: &str = "PoolHealthy";
+/// A volume's pool is degraded (a disk missing, failing or being replaced) or not
+/// built on its node: the data may have one copy left.
+pub const POOL_DEGRADED: &str = "PoolDegraded";
+/// A volume's pool failed on its node.
+pub const POOL_FAILED: &str = "PoolFailed";
+/// No volume is on a Castellan pool (no agent reports on them).
+pub const NOT_REPORTED: &str = "NotReported";
+
+/// The `VolumesHealthy` condition: what the node agents wrote on the instances'
+/// claims about the pools under them (`castellan.io/pool-health`, see
+/// `agent::health`). `previous` keeps its transition time while the status stays.
+pub fn health_condition(
+    claims: &[PersistentVolumeClaim],
+    previous: Option<&Condition>,
+    generation: Option<i64>,
+    now: Time,
+) -> Condition {
+    let reports: Vec<(String, &str, &str)> = claims
+        .iter()
+        .filter_map(|claim| {
+            let annotations = claim.annotations();
+            let health = annotations.get(POOL_HEALTH_ANNOTATION)?;
+            let message = annotations
+                .get(POOL_HEALTH_MESSAGE_ANNOTATION)
+                .map_or("", String::as_str);
+            Some((claim.name_any(), health.as_str(), message))
+        })
+        .collect();
+    let unhealthy: Vec<&(String, &str, &str)> = reports
+        .iter()
+        .filter(|(_, health, _)| *health != "Healthy")
+        .collect();
+    let (status, reason, message) = if reports.is_empty() {
+        (
+            "Unknown",
+            NOT_REPORTED,
+            "no volume of this cluster is on a Castellan StoragePool, so none reports its disks' health".to_string(),
+        )
+    } else if unhealthy.is_empty() {
+        (
+            "True",
+            POOL_HEALTHY,
+            format!(
+                "the pools under {} of {} volumes are healthy on their nodes",
+                reports.len(),
+                claims.len()
+            ),
+        )
+    } else {
+        let failed = unhealthy.iter().any(|(_, health, _)| *health == "Failed");
+        let told: Vec<String> = unhealthy
+            .iter()
+            .map(|(claim, health, message)| {
+                if message.is_empty() {
+                    format!("{claim}: pool {health}")
+                } else {
+                    format!("{claim}: pool {health}: {message}")
+                }
+            })
+            .collect();
+        (
+            "False",
+            if failed { POOL_FAILED } else { POOL_DEGRADED },
+            told.join("; "),
+        )
+    };
+    let last_transition_time = previous
+        .filter(|previous| previous.status == status)
+        .map_or(now, |previous| previous.last_transition_time.clone());
+    Condition {
+        type_: HEALTH_CONDITION.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// The Warning Event when `current` newly says a volume's pool is unhealthy (or its
+/// reason changes while False).
+pub fn health_warning(previous: Option<&Condition>, current: &Condition) -> Option<Note> {
+    if current.status != "False" {
+        return None;
+    }
+    let already = previous.is_some_and(|previous| {
+        previous.status == current.status && previous.reason == current.reason
+    });
+    let reason = if current.reason == POOL_FAILED {
+        POOL_FAILED
+    } else {
+        POOL_DEGRADED
+    };
+    (!already).then(|| Note::warning(reason, current.message.clone()))
 }
 
 /// The StorageClasses named by claims that are not bound yet: the ones whose existence
@@ -631,5 +732,72 @@ mod tests {
             at(4),
         );
         assert_eq!(warning(Some(&false_now), &bound), None);
+    }
+
+    fn told(name: &str, health: Option<(&str, &str)>) -> PersistentVolumeClaim {
+        let mut claim = claim(name, Some("fast"), "Bound");
+        if let Some((health, message)) = health {
+            claim.metadata.annotations = Some(
+                [
+                    (POOL_HEALTH_ANNOTATION.to_string(), health.to_string()),
+                    (
+                        POOL_HEALTH_MESSAGE_ANNOTATION.to_string(),
+                        message.to_string(),
+                    ),
+                ]
+                .into(),
+            );
+        }
+        claim
+    }
+
+    #[test]
+    fn volumes_are_healthy_as_the_agents_say_their_pools_are() {
+        let healthy = [
+            told("db-1", Some(("Healthy", ""))),
+            told("db-2", Some(("Healthy", ""))),
+        ];
+        let c = health_condition(&healthy, None, Some(4), at(100));
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            ("VolumesHealthy", "True", POOL_HEALTHY)
+        );
+        assert_eq!(health_warning(None, &c), None);
+
+        let degraded = [
+            told("db-1", Some(("Healthy", ""))),
+            told(
+                "db-2",
+                Some(("Degraded", "1 disk reports I/O or checksum errors")),
+            ),
+        ];
+        let d = health_condition(&degraded, Some(&c), Some(4), at(200));
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str(), d.message.as_str()),
+            (
+                "False",
+                POOL_DEGRADED,
+                "db-2: pool Degraded: 1 disk reports I/O or checksum errors"
+            )
+        );
+        assert_eq!(d.last_transition_time, at(200));
+        assert!(
+            health_warning(Some(&c), &d).is_some(),
+            "a Warning when it turns False"
+        );
+        assert_eq!(health_warning(Some(&d), &d), None, "once");
+
+        let failed = [told("db-1", Some(("Failed", "mkfs failed")))];
+        assert_eq!(
+            health_condition(&failed, Some(&d), Some(4), at(300)).reason,
+            POOL_FAILED
+        );
+
+        let elsewhere = [told("db-1", None)];
+        let u = health_condition(&elsewhere, None, Some(4), at(100));
+        assert_eq!(
+            (u.status.as_str(), u.reason.as_str()),
+            ("Unknown", NOT_REPORTED)
+        );
     }
 }
