@@ -10,6 +10,7 @@
 
 mod support;
 
+use support::cluster::Operator;
 use support::disks::{Loops, MIB, Unmount, mounts_under, run, sparse_file, write_ext4, write_gpt};
 use support::otel::{Receiver, spans};
 
@@ -1288,6 +1289,178 @@ async fn a_scheduled_scrub_finds_and_repairs_silent_corruption() {
             e.scrub.as_ref().and_then(|s| s.next.as_deref()) == Some("none: scrub.suspend is true")
         })
         .await;
+
+    setup.finish();
+}
+
+/// A node that never comes back (its agent stopped for good) keeps its part of a deleted
+/// pool; the declared way out is `castellan.io/release-nodes` on the pool, which the
+/// operator (`--release-pools`) carries out: the node's entry goes, its volume without a
+/// claim is let go, one whose claim still exists is kept and named; once that claim is
+/// deleted and the request made again, the pool goes.
+#[tokio::test]
+async fn a_pool_on_a_node_that_never_returns_is_released_on_request() {
+    let mut setup = OneNode::new("release", 8).await;
+    setup.disk("only.img");
+    setup.start_agent(&[]);
+    setup.create_pool("single").await;
+    setup
+        .wait("Healthy", |e| e.health.as_deref() == Some("Healthy"))
+        .await;
+    let mount = setup
+        .scratch
+        .pool_root()
+        .join(&setup.node)
+        .join(&setup.pool);
+    let namespace = support::TestNamespace::create(&support::client().await, "pools-release").await;
+    let claimed = bound_volume(&mut setup, &namespace.name, &mount).await;
+    // A volume of the node whose claim is gone, with the agent's finalizer: only its
+    // agent would let it go.
+    let orphan = format!("{}-orphan", setup.pool);
+    setup.objects.volumes.push(orphan.clone());
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": orphan,
+            "labels": { "castellan.io/node": setup.node, "castellan.io/pool": setup.pool },
+            "finalizers": ["castellan.io/volume"],
+        },
+        "spec": {
+            "capacity": { "storage": "1Mi" },
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": setup.pool,
+            "local": { "path": setup.scratch.dir.to_string_lossy() },
+            "nodeAffinity": { "required": { "nodeSelectorTerms": [{ "matchExpressions": [
+                { "key": "kubernetes.io/hostname", "operator": "In", "values": [setup.node] }
+            ]}]}},
+            "claimRef": { "namespace": namespace.name, "name": "gone" },
+        }
+    }))
+    .expect("a PersistentVolume");
+    let volumes = Api::<PersistentVolume>::all(support::client().await);
+    volumes
+        .create(&PostParams::default(), &pv)
+        .await
+        .expect("creating the orphan volume");
+
+    // The node is lost: its agent never runs again. The pool is deleted and stays.
+    if let Some(mut agent) = setup.agent.take() {
+        agent.stop();
+    }
+    setup.unmount.all();
+    support::kubectl_ok(&["delete", "storagepool", &setup.pool, "--wait=false"]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stuck = setup
+        .pool_api
+        .get(&setup.pool)
+        .await
+        .expect("the pool stays");
+    assert!(stuck.metadata.deletion_timestamp.is_some());
+
+    let _operator = Operator::start_with(&namespace.name, "127.0.77.1:8080", &["--release-pools"]);
+    let requested = Instant::now();
+    support::kubectl_ok(&[
+        "annotate",
+        "storagepool",
+        &setup.pool,
+        &format!("castellan.io/release-nodes={}", setup.node),
+    ]);
+    let released = wait_pool(
+        &setup.pool_api,
+        &setup.pool,
+        "the node's entry released",
+        |status| !status.nodes.iter().any(|entry| entry.node == setup.node),
+    )
+    .await;
+    println!(
+        "{}: released {:.2} s after the request",
+        setup.node,
+        requested.elapsed().as_secs_f64()
+    );
+    assert!(released.nodes.is_empty(), "{released:#?}");
+    let pool = setup
+        .pool_api
+        .get(&setup.pool)
+        .await
+        .expect("the pool stays: a claim remains");
+    assert!(
+        !pool
+            .annotations()
+            .contains_key("castellan.io/release-nodes"),
+        "the request is removed once carried out"
+    );
+    let mut gone = false;
+    for _ in 0..50 {
+        if volumes
+            .get_opt(&orphan)
+            .await
+            .expect("reading the orphan")
+            .is_none()
+        {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(gone, "the volume without a claim was let go");
+    assert!(
+        volumes.get_opt(&claimed).await.expect("reading").is_some(),
+        "the volume under a claim is kept"
+    );
+    let kept = support::kubectl_ok(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        &format!("involvedObject.name={},reason=VolumesKept", setup.pool),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(
+        kept.contains(&claimed),
+        "no VolumesKept Event naming it: {kept:?}"
+    );
+
+    // The claim goes; asked again, the pool is released entirely.
+    support::kubectl_ok(&[
+        "delete",
+        "pvc",
+        &claimed,
+        "-n",
+        &namespace.name,
+        "--wait=false",
+    ]);
+    support::kubectl_ok(&[
+        "annotate",
+        "storagepool",
+        &setup.pool,
+        &format!("castellan.io/release-nodes={}", setup.node),
+    ]);
+    let mut deleted = false;
+    for _ in 0..150 {
+        if setup
+            .pool_api
+            .get_opt(&setup.pool)
+            .await
+            .expect("reading the pool")
+            .is_none()
+        {
+            deleted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(deleted, "the deleted pool goes once nothing of it is left");
+    let events = support::kubectl_ok(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        &format!("involvedObject.name={},reason=NodeReleased", setup.pool),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(events.contains("so it goes"), "{events:?}");
 
     setup.finish();
 }

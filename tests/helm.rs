@@ -244,6 +244,63 @@ fn no_rendered_role_has_a_wildcard() {
     }
 }
 
+/// A cluster-wide operator releases the pools of nodes that never come back
+/// (`--release-pools`): it may list, watch and patch pools and their status and let
+/// volumes go, and nothing more on them; a namespaced one neither runs it nor has it.
+#[test]
+fn only_a_cluster_wide_operator_releases_pools_with_just_those_rights() {
+    let rules_of = |sets: &[&str]| -> Vec<(String, Vec<String>)> {
+        let rendered = render("castellan", "castellan-system", sets);
+        let role = documents(&rendered)
+            .into_iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "castellan-operator")
+            .expect("the operator's ClusterRole");
+        let mut rules = Vec::new();
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            let verbs: Vec<String> = rule["verbs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            for resource in rule["resources"].as_array().into_iter().flatten() {
+                rules.push((
+                    resource.as_str().unwrap_or_default().to_string(),
+                    verbs.clone(),
+                ));
+            }
+        }
+        rules
+    };
+    let wide = rules_of(&[]);
+    let verbs = |resource: &str| -> Vec<String> {
+        wide.iter()
+            .filter(|(r, _)| r == resource)
+            .flat_map(|(_, verbs)| verbs.clone())
+            .collect()
+    };
+    assert_eq!(verbs("storagepools"), ["list", "watch", "patch"]);
+    assert_eq!(verbs("storagepools/status"), ["patch"]);
+    assert_eq!(verbs("persistentvolumes"), ["list", "patch", "delete"]);
+    let rendered = render("castellan", "castellan-system", &[]);
+    assert!(
+        rendered.contains("CASTELLAN_RELEASE_POOLS"),
+        "the cluster-wide operator runs the releaser"
+    );
+    let namespaced = render(
+        "castellan",
+        "castellan-system",
+        &["watchNamespace=databases"],
+    );
+    assert!(!namespaced.contains("CASTELLAN_RELEASE_POOLS"));
+    assert!(
+        !rules_of(&["watchNamespace=databases"])
+            .iter()
+            .any(|(resource, _)| resource.starts_with("storagepools")
+                || resource == "persistentvolumes")
+    );
+}
+
 /// The Prometheus Operator's kinds need its CRDs: rendered only when asked for.
 #[test]
 fn monitors_are_rendered_only_when_enabled() {

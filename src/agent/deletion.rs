@@ -15,9 +15,9 @@
 //!
 //! Subvolumes retained after their PV was deleted go with the filesystem: deleting the
 //! pool is the user's statement that its data is no longer wanted. A node whose agent
-//! never comes back keeps its entry, and with it the finalizer; removing the finalizer
-//! by hand is the way out (`kubectl patch storagepool P --type merge -p
-//! '{"metadata":{"finalizers":null}}'`).
+//! never comes back keeps its entry, and with it the finalizer; the annotation
+//! `castellan.io/release-nodes` on the pool lets the operator release that node's part
+//! (`operator::pools`).
 
 use std::path::PathBuf;
 

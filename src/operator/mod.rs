@@ -24,6 +24,7 @@ mod endpoints;
 mod instance_client;
 mod leader;
 mod object_store;
+mod pools;
 mod reconcile;
 mod replica;
 mod restore;
@@ -93,6 +94,11 @@ pub struct OperatorArgs {
     /// it they export without headers.
     #[arg(long, env = "CASTELLAN_OTLP_HEADERS_SECRET")]
     pub otlp_headers_secret: Option<String>,
+    /// Carry out `castellan.io/release-nodes` on StoragePools: release the part of a
+    /// pool on nodes that never come back. Needs rights on the cluster-scoped pools and
+    /// volumes; the chart turns it on for a cluster-wide operator.
+    #[arg(long, env = "CASTELLAN_RELEASE_POOLS", default_value_t = false)]
+    pub release_pools: bool,
     /// Honour the `castellan.io/inject-fault` annotation (tests of the supervision
     /// tree). Off in production.
     #[arg(long, env = "CASTELLAN_FAULT_INJECTION", default_value_t = false)]
@@ -217,6 +223,10 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             None
         }
     };
+    // Pools of nodes that never come back are released under the same lease.
+    let releaser = args
+        .release_pools
+        .then(|| tokio::spawn(pools::run(client.clone(), context.shared.clone())));
     tracing::info!("DatabaseCluster controller starting");
     let controller = Controller::new(watched(&client, &args), watcher::Config::default());
     // Deleted clusters (no finalizer: owner references clean up) never reach
@@ -251,6 +261,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     tracing::info!("DatabaseCluster controller stopped");
     if let Some(rotation) = rotation {
         rotation.abort();
+    }
+    if let Some(releaser) = releaser {
+        releaser.abort();
     }
     // Stop renewing before giving the lease up, or the renewal would take it back.
     lost.abort();
