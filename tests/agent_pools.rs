@@ -991,15 +991,7 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
         .and_then(|device| device.status.clone())
         .unwrap_or_default();
     assert_eq!(failed.state, Some(BlockDeviceState::Failed), "{failed:?}");
-    let events = support::kubectl_ok(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        &format!("involvedObject.name={pool},reason=DiskFailing"),
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
+    let events = events_about("", &pool, "DiskFailing");
     assert!(events.contains(&bad), "no DiskFailing Event: {events:?}");
     assert_eq!(
         fs::read(mount.join("kept.bin")).expect("reading after the failure"),
@@ -1027,7 +1019,7 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
         condition.message.unwrap_or_default().contains(&bad),
         "the claim's condition names the failing disk"
     );
-    let degraded_events = claim_events(&namespace.name, &volume, "VolumeDegraded");
+    let degraded_events = events_about(&namespace.name, &volume, "VolumeDegraded");
     assert!(
         degraded_events.contains(&pool),
         "no VolumeDegraded Event on the claim: {degraded_events:?}"
@@ -1114,31 +1106,15 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
         "{old:?}"
     );
     assert_eq!(status_of(&new).state, Some(BlockDeviceState::InUse));
-    let events = support::kubectl_ok(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        &format!("involvedObject.name={pool},reason=DiskReplaced"),
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
+    let events = events_about("", &pool, "DiskReplaced");
     assert!(events.contains(&new), "no DiskReplaced Event: {events:?}");
     wait_claim_health(&claims, &volume, "Healthy").await;
-    let healthy_events = claim_events(&namespace.name, &volume, "VolumeHealthy");
+    let healthy_events = events_about(&namespace.name, &volume, "VolumeHealthy");
     assert!(
         healthy_events.contains("healthy again"),
         "no VolumeHealthy Event on the claim: {healthy_events:?}"
     );
-    let started = support::kubectl_ok(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        &format!("involvedObject.name={pool},reason=DiskReplacing"),
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
+    let started = events_about("", &pool, "DiskReplacing");
     assert!(
         started.contains(&format!("replacing {bad}")) && started.contains(&new),
         "no DiskReplacing Event: {started:?}"
@@ -1246,15 +1222,7 @@ async fn a_scheduled_scrub_finds_and_repairs_silent_corruption() {
         next.ends_with(":00Z") && next > started,
         "the next slot, a minute boundary after {started}: {next}"
     );
-    let events = support::kubectl_ok(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        &format!("involvedObject.name={},reason=ScrubRepaired", setup.pool),
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
+    let events = events_about("", &setup.pool, "ScrubRepaired");
     assert!(
         events.contains("all corrected"),
         "no ScrubRepaired Event: {events:?}"
@@ -1407,15 +1375,7 @@ async fn a_pool_on_a_node_that_never_returns_is_released_on_request() {
         volumes.get_opt(&claimed).await.expect("reading").is_some(),
         "the volume under a claim is kept"
     );
-    let kept = support::kubectl_ok(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        &format!("involvedObject.name={},reason=VolumesKept", setup.pool),
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
+    let kept = events_about("", &setup.pool, "VolumesKept");
     assert!(
         kept.contains(&claimed),
         "no VolumesKept Event naming it: {kept:?}"
@@ -1451,15 +1411,7 @@ async fn a_pool_on_a_node_that_never_returns_is_released_on_request() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(deleted, "the deleted pool goes once nothing of it is left");
-    let events = support::kubectl_ok(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        &format!("involvedObject.name={},reason=NodeReleased", setup.pool),
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
+    let events = events_about("", &setup.pool, "NodeReleased");
     assert!(events.contains("so it goes"), "{events:?}");
 
     setup.finish();
@@ -1536,18 +1488,24 @@ async fn wait_claim_health(
     }
 }
 
-/// The messages of Events with `reason` about claim `name`.
-fn claim_events(namespace: &str, name: &str, reason: &str) -> String {
-    support::kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        namespace,
+/// The messages of Events with `reason` about object `name`, in `namespace` (every
+/// namespace when empty: a pool's Events land in `default`).
+fn events_about(namespace: &str, name: &str, reason: &str) -> String {
+    let scope = if namespace.is_empty() {
+        vec!["-A"]
+    } else {
+        vec!["-n", namespace]
+    };
+    let selector = format!("involvedObject.name={name},reason={reason}");
+    let mut args = vec!["get", "events"];
+    args.extend(scope);
+    args.extend([
         "--field-selector",
-        &format!("involvedObject.name={name},reason={reason}"),
+        &selector,
         "-o",
         "jsonpath={.items[*].message}",
-    ])
+    ]);
+    support::kubectl_ok(&args)
 }
 
 /// The test node's entry in its pool's status, if any.

@@ -165,10 +165,11 @@ async fn a_misspelled_field_is_refused() {
 }
 
 /// The shipped RBAC names no wildcard, and the operator's service account, bound as
-/// `deploy/operator/operator.yaml` binds it, cannot touch what only the agent manages
-/// (StoragePools, BlockDevices) nor ConfigMaps, which it never uses, nor use a verb it
-/// never calls; its leader Lease it keeps only in its own namespace. (The chart's
-/// renderings with other values: tests/helm.rs.)
+/// `deploy/operator/operator.yaml` binds it, cannot make or remove what only the agent
+/// manages (StoragePools, BlockDevices) — it may only patch pools and let volumes go, to
+/// release a node that never comes back — nor ConfigMaps, which it never uses, nor use
+/// a verb it never calls; its leader Lease it keeps only in its own namespace. (The
+/// chart's renderings with other values: tests/helm.rs.)
 #[tokio::test]
 async fn the_shipped_rbac_has_no_wildcards_and_the_operator_only_what_it_uses() {
     for path in ["deploy/operator/operator.yaml", "deploy/agent/agent.yaml"] {
@@ -201,12 +202,18 @@ async fn the_shipped_rbac_has_no_wildcards_and_the_operator_only_what_it_uses() 
         "the binding is in force"
     );
     assert!(can("create", "pods"));
+    // The pool releaser (castellan.io/release-nodes).
+    assert!(can("patch", "storagepools.castellan.io"));
+    assert!(can("delete", "persistentvolumes"));
     for (verb, resource) in [
         ("create", "storagepools.castellan.io"),
-        ("patch", "storagepools.castellan.io"),
+        ("update", "storagepools.castellan.io"),
+        ("delete", "storagepools.castellan.io"),
         ("delete", "blockdevices.castellan.io"),
+        ("patch", "blockdevices.castellan.io"),
         ("get", "configmaps"),
-        ("delete", "persistentvolumes"),
+        ("create", "persistentvolumes"),
+        ("update", "persistentvolumes"),
         ("update", "pods"),
         ("delete", "services"),
         ("delete", "secrets"),
