@@ -23,6 +23,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::observe::Observed;
+
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "castellan-agent";
 /// Label naming the node a `BlockDevice` is on, to list one node's objects.
@@ -30,20 +32,6 @@ pub const NODE_LABEL: &str = "castellan.io/node";
 /// `status.lastSeen` of an attached disk is refreshed at most this often, so an idle
 /// node does not write every object on every rescan.
 pub const LAST_SEEN_REFRESH: SignedDuration = SignedDuration::from_mins(10);
-
-/// A device discovery found attached now, ready to be written.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Observed {
-    /// The object name, from the device's identity.
-    pub name: String,
-    pub spec: BlockDeviceSpec,
-    /// Why no pool could take it without `allowWipe` or at all, if anything; shown in
-    /// `status.message` while the disk is `Unclaimed`.
-    pub refusal: Option<String>,
-    /// What `safety` judged it by, for the pools to judge it again with their own
-    /// `allowWipe`. Not written anywhere.
-    pub facts: super::observe::OwnedFacts,
-}
 
 /// One object to write. `None` parts are left as they are.
 #[derive(Clone, Debug, PartialEq)]

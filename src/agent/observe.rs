@@ -12,9 +12,22 @@ use regex::Regex;
 
 use super::discovery::{self, Disk};
 use super::identity::{self, IdentitySource};
-use super::inventory::Observed;
 use super::probe;
 use super::safety::{self, DeviceFacts};
+
+/// A device discovery found attached now, ready to be written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    /// The object name, from the device's identity.
+    pub name: String,
+    pub spec: BlockDeviceSpec,
+    /// Why no pool could take it without `allowWipe` or at all, if anything; shown in
+    /// `status.message` while the disk is `Unclaimed`.
+    pub refusal: Option<String>,
+    /// What `safety` judged it by, for the pools to judge it again with their own
+    /// `allowWipe`. Not written anywhere.
+    pub facts: OwnedFacts,
+}
 
 /// Where to read the host from. The mount table is PID 1's, so the agent sees the
 /// host mount namespace when it shares the host PID namespace, even from a container.
