@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use castellan_crds::storage_pool::Layout;
 
-use super::claim::{LayoutShortfall, min_disks};
-use super::identity::CASTELLAN_LABEL_PREFIX;
+use super::disk::identity::CASTELLAN_LABEL_PREFIX;
+use super::pool::claim::{LayoutShortfall, min_disks};
 
 /// Where pools are mounted on a node, one directory per node and pool.
 pub const POOL_ROOT: &str = "/var/lib/castellan/pools";

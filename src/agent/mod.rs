@@ -10,26 +10,11 @@
 //! The parts own the logic; nothing here decides anything about a disk.
 
 pub mod btrfs;
-pub mod claim;
-pub mod deletion;
-pub mod discovery;
-pub mod health;
+pub mod disk;
 pub mod host;
-pub mod identity;
-pub mod inventory;
-pub mod observe;
 pub mod pool;
-pub mod pools;
-pub mod probe;
-pub mod replace;
 pub mod reported;
-pub mod safety;
-pub mod scrub;
-pub mod storage_class;
-pub mod totals;
-pub mod uevent;
 pub mod volume;
-pub mod volumes;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -43,10 +28,11 @@ use kube::{Api, Client, ResourceExt};
 use regex::Regex;
 use tokio::sync::mpsc;
 
-use inventory::Inventory;
-use observe::{AllowList, Sources};
-use pools::Pools;
-use volumes::Volumes;
+use disk::inventory::Inventory;
+use disk::observe::{self, AllowList, Sources};
+use disk::uevent;
+use pool::shell::{self as pools, Pools};
+use volume::shell::Volumes;
 
 /// How soon a pool step that failed on something passing (a busy disk) is retried.
 const RETRY_DELAY: Duration = Duration::from_secs(3);

@@ -30,8 +30,8 @@ use super::context::Shared;
 use machine::{Observed, RELEASE_ANNOTATION, Volume};
 
 /// Where the agent's volumes name their pool and node.
-const POOL_LABEL: &str = crate::agent::volume::POOL_LABEL;
-const NODE_LABEL: &str = crate::agent::inventory::NODE_LABEL;
+const POOL_LABEL: &str = crate::agent::volume::machine::POOL_LABEL;
+const NODE_LABEL: &str = crate::agent::disk::inventory::NODE_LABEL;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{what} for StoragePool {pool}: {source}")]

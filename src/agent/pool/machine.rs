@@ -18,8 +18,8 @@ use castellan_crds::storage_pool::{
     Layout, PoolDisk, PoolNodeStatus, PoolReplacement, RejectedDisk,
 };
 
-use super::btrfs::{self, DeviceErrors, Show, Usage};
 use super::claim::{Claim, Decision, LayoutShortfall};
+use crate::agent::btrfs::{self, DeviceErrors, Show, Usage};
 
 /// The node's btrfs for the pool, as found before planning.
 #[derive(Clone, Debug, PartialEq)]
@@ -520,7 +520,7 @@ pub fn node_status(
 mod tests {
     use super::*;
     use crate::agent::btrfs::ShowDevice;
-    use crate::agent::safety::Refusal;
+    use crate::agent::disk::safety::Refusal;
 
     fn claim(name: &str, path: &str, member: bool, wipe: bool) -> Claim {
         Claim {

@@ -11,7 +11,7 @@ use castellan_crds::storage_pool::PoolNodeStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::pool::{DEGRADED, FAILED, HEALTHY};
+use super::machine::{DEGRADED, FAILED, HEALTHY};
 
 /// The pool-wide part of the status.
 #[derive(Clone, Debug, PartialEq)]

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 use regex::Regex;
 
-use super::safety::{self, DeviceFacts, Refusal, Verdict};
+use crate::agent::disk::safety::{self, DeviceFacts, Refusal, Verdict};
 
 /// One of the node's disks, as a pool sees it.
 #[derive(Clone, Debug)]
@@ -315,7 +315,7 @@ pub fn decide(
 #[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 mod tests {
     use super::*;
-    use crate::agent::probe::{Signature, SignatureKind};
+    use crate::agent::disk::probe::{Signature, SignatureKind};
     use castellan_crds::storage_pool::{
         DeviceFilter, NodeDevices, PoolStorageClass, ReclaimPolicy,
     };

@@ -31,21 +31,21 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::Instrument;
 
-use super::btrfs::{self, Show, Usage};
 use super::claim::{self, Candidate};
 use super::deletion;
 use super::health;
-use super::host::{self, run};
-use super::inventory::NODE_LABEL;
-use super::observe::{Observed, Sources, still_the_disk};
-use super::pool::{self, Blocked, Filesystem, Outcome, Repair, Step};
-use super::probe::SignatureKind;
+use super::machine::{self as pool, Blocked, Filesystem, Outcome, Repair, Step};
 use super::replace::{Ended, Progress, Replacements};
-use super::reported::Reported;
 use super::scrub::{self, Scrubs};
 use super::storage_class;
 use super::totals;
-use super::volume;
+use crate::agent::btrfs::{self, Show, Usage};
+use crate::agent::disk::inventory::NODE_LABEL;
+use crate::agent::disk::observe::{Observed, Sources, still_the_disk};
+use crate::agent::disk::probe::SignatureKind;
+use crate::agent::host::{self, run};
+use crate::agent::reported::Reported;
+use crate::agent::volume::machine as volume;
 use crate::cadence::Cadence;
 use castellan_crds::storage_pool::PoolScrubStatus;
 
@@ -1251,7 +1251,7 @@ fn current_filesystem(mount_path: &Path) -> (Option<Show>, Option<Usage>, u64, F
     let usage = run("btrfs", &["filesystem", "usage", "-b", &path])
         .ok()
         .and_then(|text| btrfs::parse_usage(&text));
-    let allocated = super::volumes::allocated_bytes(mount_path).unwrap_or(0);
+    let allocated = crate::agent::volume::shell::allocated_bytes(mount_path).unwrap_or(0);
     (Some(show), usage, allocated, failing_members(mount_path))
 }
 

@@ -20,9 +20,9 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::inventory::NODE_LABEL;
-use super::pool::HEALTHY;
-use super::volume::POOL_LABEL;
+use super::machine::HEALTHY;
+use crate::agent::disk::inventory::NODE_LABEL;
+use crate::agent::volume::machine::POOL_LABEL;
 
 /// The claim's condition type.
 pub const CONDITION: &str = "PoolHealthy";

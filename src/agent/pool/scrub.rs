@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use jiff::Timestamp;
 
-use super::host::Background;
+use crate::agent::host::Background;
 use crate::cadence::Cadence;
 
 pub const RUNNING: &str = "Running";

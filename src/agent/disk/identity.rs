@@ -166,7 +166,7 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 #[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 mod tests {
     use super::*;
-    use crate::agent::probe::SignatureKind;
+    use crate::agent::disk::probe::SignatureKind;
 
     #[test]
     fn wwn_wins_over_everything() {

@@ -29,15 +29,15 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::btrfs;
-use super::host::{self, run};
-use super::inventory::NODE_LABEL;
-use super::reported::Reported;
-use super::totals;
-use super::volume::{
-    self, Action, Claim, ClaimKey, FINALIZER, POOL_LABEL, PROVISIONED_BY_ANNOTATION, PROVISIONER,
-    PoolOnNode, Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
+use super::machine::{
+    self as volume, Action, Claim, ClaimKey, FINALIZER, POOL_LABEL, PROVISIONED_BY_ANNOTATION,
+    PROVISIONER, PoolOnNode, Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
 };
+use crate::agent::btrfs;
+use crate::agent::disk::inventory::NODE_LABEL;
+use crate::agent::host::{self, run};
+use crate::agent::pool::totals;
+use crate::agent::reported::Reported;
 use castellan_crds::quantity::parse_bytes;
 
 /// Why a pass failed before it could decide anything.

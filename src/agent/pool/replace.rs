@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use castellan_crds::storage_pool::PoolReplacement;
 
-use super::btrfs::{self, Show};
-use super::host::{Background, run};
-use super::pool::FailedMember;
+use super::machine::FailedMember;
+use crate::agent::btrfs::{self, Show};
+use crate::agent::host::{Background, run};
 
 /// What an ENOSPC from `btrfs replace` means for the user.
 const TOO_FULL: &str = " (the pool is too full to replace a member: btrfs sets each block group read-only while it copies it, which needs room for it elsewhere; free space in the pool and it is tried again)";
