@@ -146,7 +146,13 @@ pub(crate) async fn write_atomically(
         let mut file = options.open(&temporary)?;
         file.write_all(contents.as_bytes())?;
         file.sync_all()?;
-        std::fs::rename(&temporary, &path_buf)
+        std::fs::rename(&temporary, &path_buf)?;
+        // The rename is durable only once the directory is: a crash right after it
+        // could otherwise bring back the old file, or none.
+        match path_buf.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            Some(dir) => std::fs::File::open(dir)?.sync_all(),
+            None => Ok(()),
+        }
     })
     .await
     .map_err(|join| BootstrapError::Io {
