@@ -98,6 +98,13 @@ impl StateMachine for ClusterMachine {
                             "ClusterReady",
                             "every instance is ready".to_owned(),
                         )));
+                    } else if state.ready == Some(true) && found.planned_outage {
+                        // A major upgrade stops them on purpose: no alarm.
+                        effects.push(ClusterEffect::Record(Note::normal(
+                            "InstancesStopped",
+                            "instances stopped for the major upgrade (see status.upgrade)"
+                                .to_owned(),
+                        )));
                     } else if state.ready == Some(true) {
                         effects.push(ClusterEffect::Record(Note::warning(
                             "InstancesNotReady",
@@ -542,6 +549,7 @@ mod tests {
         let found = Converged {
             members: members(1),
             ready: false,
+            planned_outage: false,
             archive: None,
             restore: None,
         };
@@ -560,6 +568,7 @@ mod tests {
         let found = Converged {
             members: members(2),
             ready: true,
+            planned_outage: false,
             archive: None,
             restore: None,
         };
@@ -594,11 +603,22 @@ mod tests {
         let found = Converged {
             members: members(2),
             ready: false,
+            planned_outage: false,
             archive: None,
             restore: None,
         };
-        let (_, effects) = step(state, ClusterEvent::Converged(Ok(found)));
+        let (_, effects) = step(state.clone(), ClusterEvent::Converged(Ok(found.clone())));
         assert_eq!(notes(&effects), vec!["InstancesNotReady"]);
+        let planned = Converged {
+            planned_outage: true,
+            ..found
+        };
+        let (_, effects) = step(state, ClusterEvent::Converged(Ok(planned)));
+        assert_eq!(
+            notes(&effects),
+            vec!["InstancesStopped"],
+            "a major upgrade's stop is no Warning"
+        );
     }
 
     #[test]
@@ -643,6 +663,7 @@ mod tests {
         let found = Converged {
             members: members(1),
             ready: true,
+            planned_outage: false,
             archive: None,
             restore: None,
         };
@@ -973,6 +994,7 @@ mod tests {
         let found = Converged {
             members: members(1),
             ready: true,
+            planned_outage: false,
             archive: None,
             restore: None,
         };

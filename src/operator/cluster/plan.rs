@@ -330,6 +330,7 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         converged: Converged {
             members: members(order, observed, primary, &create, &remove),
             ready: all_ready,
+            planned_outage: upgrade.hold_instances,
             archive: None,
             restore: None,
         },

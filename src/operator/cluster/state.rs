@@ -49,6 +49,8 @@ pub struct Converged {
     pub members: BTreeMap<String, Member>,
     /// Every desired instance exists and is ready.
     pub ready: bool,
+    /// Instances are down on purpose: a major upgrade stopped them (`status.upgrade`).
+    pub planned_outage: bool,
     /// The WAL archive setting the pass read (`spec.backup` and its credentials), or
     /// why it could not; `None` when the pass did not read it.
     pub archive: Option<Result<ArchiveConfig, String>>,
