@@ -977,6 +977,11 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
         "{states:?}"
     );
     assert!(
+        entry.disks.iter().all(|d| !d.block_device.is_empty()),
+        "every disk named by its BlockDevice, the zeroed one too: {:?}",
+        entry.disks
+    );
+    assert!(
         states.contains(&(good.clone(), Some("Online".into()))),
         "{states:?}"
     );
@@ -1346,17 +1351,24 @@ async fn a_pool_on_a_node_that_never_returns_is_released_on_request() {
         requested.elapsed().as_secs_f64()
     );
     assert!(released.nodes.is_empty(), "{released:#?}");
-    let pool = setup
-        .pool_api
-        .get(&setup.pool)
-        .await
-        .expect("the pool stays: a claim remains");
-    assert!(
-        !pool
+    // The request is removed once carried out (after the entry: wait for it).
+    let mut served = false;
+    for _ in 0..50 {
+        let pool = setup
+            .pool_api
+            .get(&setup.pool)
+            .await
+            .expect("the pool stays: a claim remains");
+        if !pool
             .annotations()
-            .contains_key("castellan.io/release-nodes"),
-        "the request is removed once carried out"
-    );
+            .contains_key("castellan.io/release-nodes")
+        {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(served, "the request is removed once carried out");
     let mut gone = false;
     for _ in 0..50 {
         if volumes
@@ -1489,7 +1501,7 @@ async fn wait_claim_health(
 }
 
 /// The messages of Events with `reason` about object `name`, in `namespace` (every
-/// namespace when empty: a pool's Events land in `default`).
+/// namespace when empty: a pool's Events land in `default`), once there is one.
 fn events_about(namespace: &str, name: &str, reason: &str) -> String {
     let scope = if namespace.is_empty() {
         vec!["-A"]
@@ -1505,7 +1517,15 @@ fn events_about(namespace: &str, name: &str, reason: &str) -> String {
         "-o",
         "jsonpath={.items[*].message}",
     ]);
-    support::kubectl_ok(&args)
+    // An Event may be recorded a moment after the change it reports: 10 s at most.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let messages = support::kubectl_ok(&args);
+        if !messages.trim().is_empty() || Instant::now() > deadline {
+            return messages;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The test node's entry in its pool's status, if any.

@@ -750,6 +750,11 @@ impl Pools {
             )
             .await?;
         }
+        // As the status will show them: the counters read after the steps.
+        let failed_now = show
+            .as_ref()
+            .map(|show| pool::failed_members(show, &failing, &missing_sizes))
+            .unwrap_or_default();
         let blocked = planned.err();
         let mut status = pool::node_status(
             &self.node,
@@ -763,13 +768,24 @@ impl Pools {
                 allocated_bytes,
                 failing: &failing,
                 missing_failed: &missing_failed,
-                failed: &repair.failed,
+                failed: &failed_now,
                 replacement: replacement.as_ref(),
                 replace_error: replace_error.as_deref(),
             },
         );
         if let Some(Blocked::Shortfall(shortfall)) = &blocked {
             tracing::warn!(node = %self.node, pool = %name, %shortfall, "pool not built");
+        }
+        // A member whose superblock is among what it lost is no claim of the pool's
+        // any more: name its BlockDevice by what is attached at its path.
+        for disk in status
+            .disks
+            .iter_mut()
+            .filter(|d| d.block_device.is_empty())
+        {
+            if let Some(seen) = observed.iter().find(|seen| seen.spec.path == disk.path) {
+                disk.block_device = seen.name.clone();
+            }
         }
         let mut scrub_look = None;
         if show.is_some() {
