@@ -28,6 +28,13 @@ pub trait StateMachine: 'static {
     fn label(event: &Self::Event) -> String {
         format!("{event:?}")
     }
+
+    /// Why the actor in `state` cannot go on, if it cannot: the shell then stops it as
+    /// failed, and its supervisor restarts it with back-off (and reports it once it
+    /// keeps failing). By default no state is a failure.
+    fn failure(_state: &Self::State) -> Option<String> {
+        None
+    }
 }
 
 /// Performs effects: the only place a machine's actor touches the outside world.
@@ -35,6 +42,10 @@ pub trait Effects<M: StateMachine>: Unpin + 'static {
     /// Performs one effect. Slow work is spawned (or handed to another actor) and its
     /// outcome comes back as an event through `events`; this call must not block.
     fn execute(&mut self, effect: M::Effect, events: &Recipient<Event<M>>);
+
+    /// Called when an incarnation of the actor starts (the first time and after every
+    /// restart), e.g. to ask for the event that brings a fresh state up to date.
+    fn started(&mut self, _events: &Recipient<Event<M>>) {}
 }
 
 /// An event for a [`MachineActor`]; the reply is the state after the transition, or
@@ -99,6 +110,11 @@ impl<M: StateMachine, X: Effects<M>> MachineActor<M, X> {
 
 impl<M: StateMachine, X: Effects<M>> Actor for MachineActor<M, X> {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let events = ctx.address().recipient();
+        self.effects.started(&events);
+    }
 }
 
 /// Current state without an event (status, tests).
@@ -132,6 +148,12 @@ impl<M: StateMachine, X: Effects<M>> Handler<Event<M>> for MachineActor<M, X> {
         });
         match outcome {
             Ok(next) => {
+                if let Some(reason) = M::failure(&next) {
+                    error!(actor = %self.key, %reason, "state machine actor failed; stopping for restart");
+                    self.link.fail(reason);
+                    ctx.stop();
+                    return None;
+                }
                 self.state = Some(next.clone());
                 Some(next)
             }
@@ -250,6 +272,13 @@ mod tests {
                 (state, _) => (state, Vec::new()),
             }
         }
+
+        fn failure(state: &RunState) -> Option<String> {
+            match state {
+                RunState::Failed { reason } => Some(reason.clone()),
+                _ => None,
+            }
+        }
     }
 
     #[test]
@@ -341,12 +370,20 @@ mod tests {
     #[derive(Clone, Default)]
     struct Recorder {
         performed: Arc<Mutex<Vec<RunEffect>>>,
+        /// Every launch errors.
+        always_errs: bool,
+        /// Incarnations started.
+        starts: Arc<Mutex<u32>>,
     }
 
     impl Effects<Run> for Recorder {
+        fn started(&mut self, _events: &Recipient<Event<Run>>) {
+            *self.starts.lock().unwrap() += 1;
+        }
+
         fn execute(&mut self, effect: RunEffect, events: &Recipient<Event<Run>>) {
             if let RunEffect::Launch { attempt } = effect {
-                let outcome = if attempt == 1 {
+                let outcome = if attempt == 1 || self.always_errs {
                     RunEvent::Errored("first try fails".into())
                 } else {
                     RunEvent::Finished
@@ -407,6 +444,55 @@ mod tests {
                 RunEffect::Launch { attempt: 2 },
                 RunEffect::Report("succeeded".into()),
             ]
+        );
+    }
+
+    #[actix_rt::test]
+    async fn a_failed_state_stops_the_actor_and_the_supervisor_restarts_it() {
+        let (sink, _reports) = mpsc::unbounded_channel::<ChildFailing>();
+        let parent = Supervisor::<RunActor>::new("runs", policy(), sink).start();
+        let recorder = Recorder {
+            always_errs: true,
+            ..Recorder::default()
+        };
+        let run = parent
+            .send(StartChild {
+                key: "nightly".into(),
+                spec: spec(&recorder),
+            })
+            .await
+            .unwrap()
+            .expect("child started");
+        assert_eq!(*recorder.starts.lock().unwrap(), 1);
+        run.do_send(Event::new(RunEvent::Start));
+
+        let mut restarted = None;
+        for _ in 0..2000 {
+            let status = parent
+                .send(GetChildStatus {
+                    key: "nightly".into(),
+                })
+                .await
+                .unwrap()
+                .unwrap();
+            if status.running && status.restarts == 1 {
+                restarted = Some(status);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let status = restarted.expect("restarted once after failing");
+        assert_eq!(status.last_failure.as_deref(), Some("first try fails"));
+        // The new incarnation was started (its executor told) and begins afresh.
+        assert_eq!(*recorder.starts.lock().unwrap(), 2);
+        let fresh = parent
+            .send(GetChild::new("nightly"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            fresh.send(GetState::default()).await.unwrap(),
+            Some(RunState::Idle)
         );
     }
 
