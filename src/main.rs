@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod cadence;
+mod event_note;
 mod instance;
 mod instance_api;
 mod operator;

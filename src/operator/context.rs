@@ -102,7 +102,7 @@ impl Shared {
                 EventType::Normal
             },
             reason: note.reason.to_owned(),
-            note: Some(within(&note.message, MAX_NOTE)),
+            note: Some(crate::event_note::note(&note.message)),
             action: action(note.reason, &note.message),
             secondary: note.related.as_ref().map(|related| ObjectReference {
                 api_version: Some(related.api_version.into()),
@@ -116,23 +116,6 @@ impl Shared {
             tracing::warn!(kind = ?reference.kind, name = ?reference.name, reason = note.reason, %error, "could not record an Event");
         }
     }
-}
-
-/// The longest note the API server takes (an Event's `note`, 1 kB).
-const MAX_NOTE: usize = 1024;
-
-/// `message` cut to at most `limit` bytes at a character boundary, marked with `…`
-/// when cut (the whole message stays in the status that carries it).
-fn within(message: &str, limit: usize) -> String {
-    if message.len() <= limit {
-        return message.to_owned();
-    }
-    let ellipsis = "…";
-    let mut end = limit - ellipsis.len();
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{ellipsis}", &message[..end])
 }
 
 /// The Event's action: its reason and a digest of its message. kube's `Recorder` folds
@@ -187,16 +170,7 @@ pub fn key(cluster: &DatabaseCluster) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{action, within};
-
-    #[test]
-    fn a_long_message_is_cut_to_what_an_event_takes() {
-        assert_eq!(within("short", 1024), "short");
-        let long = "é".repeat(700);
-        let cut = within(&long, 1024);
-        assert!(cut.len() <= 1024 && cut.ends_with('…'), "{}", cut.len());
-        assert!(long.starts_with(cut.trim_end_matches('…')));
-    }
+    use super::action;
 
     #[test]
     fn only_the_same_message_makes_a_series() {

@@ -158,7 +158,7 @@ pub async fn apply(
             let event = Event {
                 type_,
                 reason: reason.to_string(),
-                note: Some(note),
+                note: Some(crate::event_note::note(&note)),
                 action: "Monitor".to_string(),
                 secondary: None,
             };

@@ -33,6 +33,7 @@ use super::machine::{
     self as volume, Action, Claim, ClaimKey, FINALIZER, POOL_LABEL, PROVISIONED_BY_ANNOTATION,
     PROVISIONER, PoolOnNode, Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
 };
+use crate::agent::StorageLock;
 use crate::agent::btrfs;
 use crate::agent::disk::inventory::NODE_LABEL;
 use crate::agent::host::{self, run};
@@ -60,10 +61,17 @@ pub struct Volumes {
     recorder: Recorder,
     /// Refusals already reported, so a claim gets one Event per reason, not one per pass.
     reported: Reported,
+    /// The node's storage lock, held through a pass (see `crate::agent::StorageLock`).
+    storage: StorageLock,
 }
 
 impl Volumes {
-    pub fn new(client: Client, node: &str, hostname: &str, root: &Path) -> Self {
+    pub fn new(
+        client: Client,
+        (node, hostname): (&str, &str),
+        root: &Path,
+        storage: StorageLock,
+    ) -> Self {
         let reporter = Reporter {
             controller: "castellan-agent".into(),
             instance: Some(node.to_string()),
@@ -75,12 +83,14 @@ impl Volumes {
             hostname: hostname.to_string(),
             root: root.to_path_buf(),
             reported: Reported::default(),
+            storage,
         }
     }
 
     /// One pass. Returns whether something changed on a pool (so that its status is
     /// reported again).
     pub async fn reconcile(&self) -> Result<bool, VolumesError> {
+        let _storage = self.storage.lock().await;
         let pools = Api::<StoragePool>::all(self.client.clone())
             .list(&ListParams::default())
             .await
@@ -443,7 +453,7 @@ impl Volumes {
         let event = Event {
             type_: kind,
             reason: reason.to_string(),
-            note: Some(note),
+            note: Some(crate::event_note::note(&note)),
             action: "Provision".to_string(),
             secondary: None,
         };
