@@ -1,23 +1,28 @@
-//! The node agent (`castellan agent`): finds this node's disks and keeps its
-//! `BlockDevice` objects current.
+//! The node agent (`castellan agent`): finds this node's disks, keeps their
+//! `BlockDevice` objects current, builds and repairs this node's part of every
+//! matching `StoragePool`, and provisions its local volumes.
 //!
-//! This module is the shell that wires the parts together: a full look at the disks
-//! (`observe`) on start, after every debounced burst of kernel uevents (`uevent`) and
-//! on a periodic timer as a fallback, each written to the API server by `inventory`.
-//! After each look, `pools` builds and reports this node's part of every matching
-//! `StoragePool`; a short poll of the pools' generations triggers a look when a pool
-//! is created or its spec changes.
-//! The parts own the logic; nothing here decides anything about a disk.
+//! It is an actor tree (see docs/storage.md), like the operator's: a `NodeActor`
+//! (`node`) decides when to look at the disks and hands each look to a `DiskActor` per
+//! block device (`disk`) and a `PoolMemberActor` per pool (`pool`); a `VolumeActor`
+//! (`volume`) runs the provisioner. Each kind has a supervisor that restarts a failed
+//! or panicked actor with back-off and reports one that keeps failing. This module is
+//! the shell that wires them: it starts the tree and turns kernel uevents, the pools'
+//! and volumes' changes, the error counters and the periodic timer into events.
+//! Nothing here decides anything about a disk.
 
 pub mod btrfs;
 pub mod disk;
 pub mod host;
+pub mod node;
 pub mod pool;
 pub mod reported;
+pub mod serial;
 pub mod volume;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use castellan_crds::storage_pool::StoragePool;
@@ -28,14 +33,21 @@ use kube::{Api, Client, ResourceExt};
 use regex::Regex;
 use tokio::sync::mpsc;
 
+use actix::prelude::*;
+use castellan_actors::{
+    ActorSystem, ChildFailing, Event, MachineSpec, RestartPolicy, StartChild, Supervisor,
+};
 use disk::inventory::Inventory;
-use disk::observe::{self, AllowList, Sources};
+use disk::observe::{AllowList, Sources};
+use disk::shell::{DiskActor, report_failing_disks};
 use disk::uevent;
+use node::machine::{NodeEvent, NodeState};
+use node::shell::{Current, NodeActor, NodeEffects, NodeParts};
+use pool::actor::{PoolMemberActor, report_failing_pools};
 use pool::shell::{self as pools, Pools};
+use serial::{SerialEvent, SerialState};
+use volume::actor::{VolumeActor, VolumeEffects};
 use volume::shell::Volumes;
-
-/// How soon a pool step that failed on something passing (a busy disk) is retried.
-const RETRY_DELAY: Duration = Duration::from_secs(3);
 
 /// The Node label PV node affinity matches.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -121,25 +133,31 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     );
     let owner = node_object.as_ref().and_then(node_owner);
     let inventory = Inventory::new(client.clone(), &node, owner);
-    let pools = Pools::new(
+    let storage = StorageLock::default();
+    let pools = Arc::new(Pools::new(
         client.clone(),
         &node,
         &args.pool_root,
         Duration::from_secs(args.missing_grace_seconds),
-    );
+        storage.clone(),
+    ));
     // PV node affinity matches the hostname label, which on real clusters may differ
     // from the Node's name.
     let hostname = node_object
         .as_ref()
         .and_then(|object| object.labels().get(HOSTNAME_LABEL).cloned())
         .unwrap_or_else(|| node.clone());
-    let volumes = Volumes::new(client.clone(), &node, &hostname, &args.pool_root);
-    let sources = Sources::default();
+    let volumes = Arc::new(Volumes::new(
+        client.clone(),
+        (&node, &hostname),
+        &args.pool_root,
+        storage.clone(),
+    ));
     tracing::info!(%node, allow = pattern.as_deref().unwrap_or("(every disk)"), rescan_seconds = args.rescan_seconds, "agent starting");
 
-    // Open the socket before the first scan, so a disk attached while it runs
+    // Open the socket before the first look, so a disk attached while it runs
     // still triggers a second one.
-    let (triggers, mut rescans) = mpsc::channel(1);
+    let (triggers, mut changes) = mpsc::channel(1);
     let listener = uevent::Listener::open().context("listening for kernel uevents")?;
     let polling = tokio::spawn(poll_pools(
         client.clone(),
@@ -151,34 +169,47 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
         Duration::from_secs(args.pool_poll_seconds.max(1)),
         triggers.clone(),
     ));
-    let (volume_triggers, mut volume_passes) = mpsc::channel(1);
-    let (retries, mut retry_passes) = mpsc::channel(1);
-    let watching = tokio::spawn(watch_volumes(client, volume_triggers));
+    let (volume_triggers, mut volume_changes) = mpsc::channel(1);
+    let watching = tokio::spawn(watch_volumes(client.clone(), volume_triggers));
     let mut listening = tokio::spawn(listener.run(uevent::Debounce::default(), triggers));
 
-    let mut interval = tokio::time::interval(Duration::from_secs(args.rescan_seconds.max(1)));
+    let (inbox, mut asked) = mpsc::unbounded_channel();
+    let name = node.clone();
+    let parts = move |children, runtime| {
+        NodeParts::new(
+            &name,
+            (allow, Sources::default()),
+            inventory,
+            pools,
+            storage,
+            children,
+            inbox,
+            runtime,
+        )
+    };
+    let tree = Tree::start(client, parts, volumes).await?;
+    let (mut node_actor, mut volume_actor) = (tree.node, tree.volumes);
+
+    // The node and volume actors make their first pass as they start.
+    let period = Duration::from_secs(args.rescan_seconds.max(1));
+    let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     // After a slow rescan, wait a full period again rather than catching up in a burst.
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let mut timed = None;
     loop {
-        let cause = tokio::select! {
-            _ = interval.tick() => "periodic",
-            Some(()) = retry_passes.recv() => "retry",
-            Some(()) = volume_passes.recv() => {
-                // A claim or volume changed: provision, grow or release, and report the
-                // pools again when their allocation changed.
-                match volumes.reconcile().await {
-                    Ok(true) => "volumes",
-                    Ok(false) => continue,
-                    Err(error) => {
-                        tracing::error!(%node, %error, "reconciling volumes failed");
-                        continue;
-                    }
-                }
+        tokio::select! {
+            _ = interval.tick() => {
+                node_actor.send(Event::root(NodeEvent::Trigger("periodic"))).await;
+                volume_actor.send(Event::root(SerialEvent::Request("periodic"))).await;
             }
-            Some(()) = rescans.recv() => "uevent",
+            Some(()) = changes.recv() => {
+                node_actor.send(Event::root(NodeEvent::Trigger("uevent or pool change"))).await;
+            }
+            Some(()) = volume_changes.recv() => {
+                volume_actor.send(Event::root(SerialEvent::Request("watch"))).await;
+            }
+            Some(event) = asked.recv() => node_actor.send(Event::root(event)).await,
             finished = &mut listening => {
                 // Hotplug is what keeps objects current within seconds: without it the
                 // agent would silently fall back to the slow timer, so stop and let the
@@ -191,46 +222,6 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             }
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
-        };
-        let next = rescan(&node, &allow, &sources, &inventory, &pools, cause).await;
-        if next.look_again {
-            rescan(&node, &allow, &sources, &inventory, &pools, "released").await;
-        }
-        if let Some(delay) = next.look_in {
-            // A missing member's grace period ends, a replacement or scrub runs, a
-            // scrub is due: look again then. One timer, the soonest: passes come
-            // every few seconds and must not pile up sleeping tasks.
-            let at = tokio::time::Instant::now() + delay;
-            let sooner_pending =
-                timed
-                    .as_ref()
-                    .is_some_and(|(when, timer): &(_, tokio::task::JoinHandle<()>)| {
-                        !timer.is_finished() && *when <= at
-                    });
-            if !sooner_pending {
-                if let Some((_, timer)) = timed.take() {
-                    timer.abort();
-                }
-                let retry = retries.clone();
-                let timer = tokio::spawn(async move {
-                    tokio::time::sleep_until(at).await;
-                    let _ = retry.try_send(());
-                });
-                timed = Some((at, timer));
-            }
-        }
-        if next.retry_soon {
-            let retry = retries.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(RETRY_DELAY).await;
-                // Full channel: a retry is already due.
-                let _ = retry.try_send(());
-            });
-        }
-        if cause == "periodic"
-            && let Err(error) = volumes.reconcile().await
-        {
-            tracing::error!(%node, %error, "reconciling volumes failed");
         }
     }
     tracing::info!(%node, "agent stopping");
@@ -238,60 +229,115 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     polling.abort();
     checking.abort();
     watching.abort();
+    tokio::task::spawn_blocking(move || tree.system.shutdown())
+        .await
+        .context("stopping the actor system")?
+        .context("stopping the actor system")?;
     Ok(())
 }
 
-/// One look and one reconcile. Failures are logged and retried by the next trigger:
-/// an API server restart must not kill the agent. Returns what the pools ask next.
-async fn rescan(
-    node: &str,
-    allow: &AllowList,
-    sources: &Sources,
-    inventory: &Inventory,
-    pools: &Pools,
-    cause: &str,
-) -> pools::Next {
-    let started = Instant::now();
-    let (node_name, allow_list, from) = (node.to_string(), allow.clone(), sources.clone());
-    let observation =
-        match tokio::task::spawn_blocking(move || observe::observe(&node_name, &allow_list, &from))
+/// Restart behaviour of the agent's actors: quicker than the operator's, whose
+/// cool-down of ten minutes would leave a disk or pool unattended too long.
+fn restart_policy() -> RestartPolicy {
+    RestartPolicy {
+        min_delay: Duration::from_secs(1),
+        max_delay: Duration::from_secs(30),
+        factor: 2.0,
+        max_failures: 5,
+        window: Duration::from_secs(300),
+        cool_down: Duration::from_secs(60),
+    }
+}
+
+/// The agent's actor tree, running: a supervisor per kind of actor (the node, its
+/// disks, its pools, its volume provisioner), each with the sink that reports the
+/// children that keep failing, and the running node and volume actors.
+struct Tree {
+    system: ActorSystem,
+    node: Current<NodeActor>,
+    volumes: Current<VolumeActor>,
+}
+
+impl Tree {
+    async fn start(
+        client: Client,
+        parts: impl FnOnce(
+            (
+                Addr<Supervisor<DiskActor>>,
+                Addr<Supervisor<PoolMemberActor>>,
+            ),
+            tokio::runtime::Handle,
+        ) -> NodeParts,
+        volumes: Arc<Volumes>,
+    ) -> anyhow::Result<Self> {
+        let system =
+            ActorSystem::start("castellan-agent-actors").context("starting the actor system")?;
+        let (disks_failing, disk_reports) = mpsc::unbounded_channel();
+        let (pools_failing, pool_reports) = mpsc::unbounded_channel();
+        let (node_failing, node_reports) = mpsc::unbounded_channel();
+        let (volumes_failing, volume_reports) = mpsc::unbounded_channel();
+        let (disks, pool_members, nodes, provisioners) = system
+            .run(move || {
+                (
+                    Supervisor::<DiskActor>::new("disks", restart_policy(), disks_failing).start(),
+                    Supervisor::<PoolMemberActor>::new("pools", restart_policy(), pools_failing)
+                        .start(),
+                    Supervisor::<NodeActor>::new("node", restart_policy(), node_failing).start(),
+                    Supervisor::<VolumeActor>::new("volumes", restart_policy(), volumes_failing)
+                        .start(),
+                )
+            })
             .await
-        {
-            Ok(Ok(observation)) => observation,
-            Ok(Err(error)) => {
-                tracing::error!(%node, %error, "scanning disks failed");
-                return pools::Next::default();
-            }
-            Err(error) => {
-                tracing::error!(%node, %error, "the disk scan panicked");
-                return pools::Next::default();
-            }
-        };
-    for reason in &observation.skipped {
-        tracing::warn!(%node, reason = %reason, "disk skipped");
+            .context("starting the agent's supervisors")?;
+        let runtime = tokio::runtime::Handle::current();
+        let parts = Arc::new(parts((disks, pool_members), runtime.clone()));
+        tokio::spawn(report_failing_disks(
+            client,
+            parts.inventory.clone(),
+            disk_reports,
+        ));
+        tokio::spawn(report_failing_pools(parts.pools.clone(), pool_reports));
+        tokio::spawn(log_failing("node", node_reports));
+        tokio::spawn(log_failing("volumes", volume_reports));
+        let name = parts.name.clone();
+        let volume_effects = VolumeEffects::new(volumes, parts.inbox.clone(), runtime);
+        nodes
+            .send(StartChild {
+                key: name.clone(),
+                spec: MachineSpec {
+                    initial: NodeState::new(),
+                    effects: NodeEffects(parts),
+                },
+            })
+            .await
+            .context("starting the node's actor")?;
+        provisioners
+            .send(StartChild {
+                key: VOLUMES.to_string(),
+                spec: MachineSpec {
+                    initial: SerialState::new(),
+                    effects: volume_effects,
+                },
+            })
+            .await
+            .context("starting the volume provisioner's actor")?;
+        Ok(Self {
+            system,
+            node: Current::new(nodes, &name),
+            volumes: Current::new(provisioners, VOLUMES),
+        })
     }
-    match inventory.reconcile(&observation.devices).await {
-        Ok(writes) => {
-            for write in &writes {
-                let state = write.status.as_ref().and_then(|status| status.state);
-                tracing::info!(%node, device = %write.name, spec = write.spec.is_some(), ?state, "BlockDevice written");
-            }
-            tracing::debug!(%node, cause, devices = observation.devices.len(), writes = writes.len(), elapsed_ms = started.elapsed().as_millis() as u64, "rescan done");
-        }
-        Err(error) => {
-            tracing::error!(%node, %error, "updating BlockDevices failed");
-            return pools::Next::default();
-        }
+}
+
+/// The key of the one volume provisioner.
+const VOLUMES: &str = "volumes";
+
+/// A sink for the actors whose failures concern no object of their own (the node's
+/// look, the volume provisioner: their objects report per pool and per volume).
+async fn log_failing(kind: &'static str, mut failing: mpsc::UnboundedReceiver<ChildFailing>) {
+    while let Some(report) = failing.recv().await {
+        tracing::error!(kind, actor = %report.key, failures = report.failures, reason = %report.reason, retry_after_s = report.retry_after.as_secs(), "actor failing");
     }
-    let again = match pools.reconcile(&observation.devices).await {
-        Ok(again) => again,
-        Err(error) => {
-            tracing::error!(%node, %error, "reconciling pools failed");
-            pools::Next::default()
-        }
-    };
-    tracing::debug!(%node, cause, elapsed_ms = started.elapsed().as_millis() as u64, "pools done");
-    again
 }
 
 /// Triggers a look whenever the set of pools or one's spec changes (its generation),
@@ -390,6 +436,12 @@ async fn watch_volumes(client: Client, triggers: mpsc::Sender<()>) {
         }
     }
 }
+
+/// The node's storage lock: held while the node's storage changes — a look's
+/// BlockDevice writes, a pool's pass, a volume pass — so that these never interleave
+/// (a claim must see the inventory's writes and the other pools' claims; a volume is
+/// never made in a pool being unmounted). Observing the disks does not take it.
+pub type StorageLock = Arc<tokio::sync::Mutex<()>>;
 
 /// The allow-list pattern: the flag if given, else the Node's annotation, else none.
 fn allow_pattern(flag: Option<&str>, node: Option<&Node>) -> Option<String> {

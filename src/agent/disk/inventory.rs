@@ -1,9 +1,10 @@
 //! Inventory: keeps one node's `BlockDevice` objects equal to what discovery found.
 //!
 //! `plan` is pure: from the devices seen now and the objects that exist, it decides
-//! which objects to create or update and which to mark `Missing`. `Inventory` is the
-//! thin shell that lists the node's objects and applies the plan with server-side
-//! apply under one field manager. A device that returns is the same object again
+//! which objects to create or update and which to mark `Missing`; each `DiskActor`
+//! (`machine`) plans its own device with it. `Inventory` is the thin shell that lists
+//! the node's objects and applies one write with server-side apply under one field
+//! manager. A device that returns is the same object again
 //! because its name comes from its identity, not from its path.
 //!
 //! The agent owns `spec`, `status.lastSeen`, `status.observedGeneration`, and
@@ -148,6 +149,7 @@ pub enum InventoryError {
 }
 
 /// The API side of one node's inventory.
+#[derive(Clone)]
 pub struct Inventory {
     api: Api<BlockDevice>,
     node: String,
@@ -164,6 +166,15 @@ impl Inventory {
         }
     }
 
+    /// The node this inventory is of.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub(super) fn api(&self) -> &Api<BlockDevice> {
+        &self.api
+    }
+
     /// The node's objects as the API server has them now.
     pub async fn existing(&self) -> Result<Vec<BlockDevice>, InventoryError> {
         let selector = format!("{NODE_LABEL}={}", self.node);
@@ -177,24 +188,17 @@ impl Inventory {
             })
     }
 
-    /// Brings the objects in line with `observed`; returns the writes made.
-    pub async fn reconcile(&self, observed: &[Observed]) -> Result<Vec<Write>, InventoryError> {
-        let existing = self.existing().await?;
-        let writes = plan(observed, &existing, &self.node, Timestamp::now());
-        for write in &writes {
-            self.apply(write, &existing).await?;
-        }
-        Ok(writes)
-    }
-
-    async fn apply(&self, write: &Write, existing: &[BlockDevice]) -> Result<(), InventoryError> {
+    /// Makes one write of the plan to the object, whose `metadata.generation` was
+    /// `generation` when it was planned (`status.observedGeneration` says so).
+    pub async fn apply(
+        &self,
+        write: &Write,
+        generation: Option<i64>,
+    ) -> Result<(), InventoryError> {
         // Force: the agent is the only writer of these fields, so a conflict can only
         // be a leftover from an older manager name, which the agent should take over.
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let mut generation = existing
-            .iter()
-            .find(|object| object.name_any() == write.name)
-            .and_then(|object| object.metadata.generation);
+        let mut generation = generation;
         if let Some(spec) = &write.spec {
             let mut metadata = json!({
                 "name": write.name,

@@ -3,8 +3,10 @@
 //! and writes the objects (`shell`), and beside them the repair and upkeep it runs:
 //! replacing a failed member (`replace`), scrubs (`scrub`), telling the volumes their
 //! pool's health (`health`), deleting (`deletion`), the pool-wide totals (`totals`)
-//! and the StorageClass (`storage_class`).
+//! and the StorageClass (`storage_class`). `actor` is the `PoolMemberActor` that runs
+//! the shell's pass over one pool at a time.
 
+pub mod actor;
 pub mod claim;
 pub mod deletion;
 pub mod health;

@@ -29,7 +29,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::Instrument;
 
 use super::claim::{self, Candidate};
 use super::deletion;
@@ -39,6 +38,7 @@ use super::replace::{Ended, Progress, Replacements};
 use super::scrub::{self, Scrubs};
 use super::storage_class;
 use super::totals;
+use crate::agent::StorageLock;
 use crate::agent::btrfs::{self, Show, Usage};
 use crate::agent::disk::inventory::NODE_LABEL;
 use crate::agent::disk::observe::{Observed, Sources, still_the_disk};
@@ -86,18 +86,29 @@ pub struct Next {
     pub look_in: Option<Duration>,
 }
 
-impl Next {
-    /// Both passes' requests.
-    pub fn and(self, other: Next) -> Next {
-        Next {
-            look_again: self.look_again || other.look_again,
-            retry_soon: self.retry_soon || other.retry_soon,
-            look_in: match (self.look_in, other.look_in) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            },
-        }
-    }
+/// A Node's labels.
+pub type Labels = BTreeMap<String, String>;
+
+/// What one pass over one pool did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pass {
+    /// What the node's actor should do next.
+    pub next: Next,
+    pub phase: PassPhase,
+}
+
+/// Where this node's part of a pool is after a pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PassPhase {
+    /// Built (or being built): the node's `health` as reported (`Healthy`,
+    /// `Degraded`, `Pending`, `Failed`).
+    Member(Option<String>),
+    /// The pool's spec cannot be applied (its selector), with why.
+    Invalid(String),
+    /// The pool no longer selects this node; its entry is gone, its data kept.
+    Left,
+    /// The pool is being deleted: this node's part is released.
+    Deleting,
 }
 
 /// How often a running replacement or scrub is looked at.
@@ -125,10 +136,18 @@ pub struct Pools {
     replacements: Arc<Replacements>,
     /// Scrubs running.
     scrubs: Scrubs,
+    /// The node's storage lock (see `pass`).
+    storage: StorageLock,
 }
 
 impl Pools {
-    pub fn new(client: Client, node: &str, root: &Path, missing_grace: Duration) -> Self {
+    pub fn new(
+        client: Client,
+        node: &str,
+        root: &Path,
+        missing_grace: Duration,
+        storage: StorageLock,
+    ) -> Self {
         let reporter = Reporter {
             controller: "castellan-agent".into(),
             instance: Some(node.to_string()),
@@ -143,18 +162,19 @@ impl Pools {
             missing_since: Mutex::new(BTreeMap::new()),
             replacements: Arc::default(),
             scrubs: Scrubs::default(),
+            storage,
         }
     }
 
-    /// One pass over every pool, with the devices of the look just written. Returns
-    /// what the caller should do next (see `Next`).
-    pub async fn reconcile(&self, observed: &[Observed]) -> Result<Next, PoolsError> {
+    /// The pools and this Node's labels, read for a look: the node's actor keeps one
+    /// `PoolMemberActor` per pool listed here.
+    pub async fn list(&self) -> Result<(Vec<StoragePool>, Labels), PoolsError> {
         let pools = Api::<StoragePool>::all(self.client.clone())
             .list(&ListParams::default())
             .await
             .map_err(PoolsError::ListPools)?;
         if pools.items.is_empty() {
-            return Ok(Next::default());
+            return Ok((Vec::new(), Labels::new()));
         }
         let labels = Api::<Node>::all(self.client.clone())
             .get_opt(&self.node)
@@ -165,54 +185,68 @@ impl Pools {
             })?
             .map(|node| node.labels().clone())
             .unwrap_or_default();
-        let mut again = Next::default();
-        for pool in &pools.items {
-            if pool.metadata.deletion_timestamp.is_some() {
-                match self.delete(pool, observed).await {
-                    Ok(next) => again = again.and(next),
-                    Err(error) => {
-                        tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "releasing the deleted pool failed");
-                    }
-                }
-                continue;
+        Ok((pools.items, labels))
+    }
+
+    /// One pass over one pool with the devices of the latest look: build, repair and
+    /// report this node's part of it, release it when the pool is being deleted, or
+    /// remove this node's entry when the pool no longer selects the node.
+    ///
+    /// Passes hold the node's storage lock throughout: the claims of two pools, and the
+    /// inventory's writes, must each see the others' results.
+    pub async fn pass(
+        &self,
+        pool: &StoragePool,
+        labels: &Labels,
+        observed: &[Observed],
+    ) -> Result<Pass, PoolsError> {
+        let _storage = self.storage.lock().await;
+        if pool.metadata.deletion_timestamp.is_some() {
+            let next = self.delete(pool, observed).await?;
+            return Ok(Pass {
+                next,
+                phase: PassPhase::Deleting,
+            });
+        }
+        match claim::selects_node(pool.spec.node_selector.as_ref(), labels) {
+            Ok(false) => {
+                self.leave(pool).await?;
+                return Ok(Pass {
+                    next: Next::default(),
+                    phase: PassPhase::Left,
+                });
             }
-            match claim::selects_node(pool.spec.node_selector.as_ref(), &labels) {
-                Ok(false) => {
-                    if let Err(error) = self.leave(pool).await {
-                        tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "removing this node's status entry failed");
-                    }
-                    continue;
-                }
-                Ok(true) => {}
-                Err(error) => {
-                    let status = failed_status(&self.node, format!("the pool's spec: {error}"));
-                    if let Err(error) = self.apply_node_status(pool, &status).await {
-                        tracing::error!(node = %self.node, %error, "reporting an invalid pool failed");
-                    }
-                    continue;
-                }
-            }
-            // Listed per pool: the previous pool's claims changed them.
-            let devices = self.devices().await?;
-            // One pool's failed write must not keep the node's other pools waiting.
-            let span = tracing::info_span!("pool", pool = %pool.name_any(), node = %self.node);
-            match self
-                .reconcile_pool(pool, observed, &devices)
-                .instrument(span)
-                .await
-            {
-                Ok(look_in) => {
-                    again = again.and(Next {
-                        look_in,
-                        ..Next::default()
-                    })
-                }
-                Err(error) => {
-                    tracing::error!(node = %self.node, pool = %pool.name_any(), %error, "reconciling the pool failed");
-                }
+            Ok(true) => {}
+            Err(error) => {
+                let message = format!("the pool's spec: {error}");
+                let status = failed_status(&self.node, message.clone());
+                self.apply_node_status(pool, &status).await?;
+                return Ok(Pass {
+                    next: Next::default(),
+                    phase: PassPhase::Invalid(message),
+                });
             }
         }
-        Ok(again)
+        let devices = self.devices().await?;
+        let (look_in, health) = self.reconcile_pool(pool, observed, &devices).await?;
+        Ok(Pass {
+            next: Next {
+                look_in,
+                ..Next::default()
+            },
+            phase: PassPhase::Member(health),
+        })
+    }
+
+    /// Marks this node's entry of `pool` Failed with `message` (the pool's actor keeps
+    /// failing; its next good pass overwrites this).
+    pub async fn report_failing(&self, pool: &str, message: String) -> Result<(), PoolsError> {
+        let pool = Api::<StoragePool>::all(self.client.clone())
+            .get(pool)
+            .await
+            .map_err(PoolsError::ListPools)?;
+        self.apply_node_status(&pool, &failed_status(&self.node, message))
+            .await
     }
 
     /// This node's part of deleting `pool` (see `deletion`): disks released → look at
@@ -490,7 +524,7 @@ impl Pools {
         let event = Event {
             type_: kind,
             reason: reason.to_string(),
-            note: Some(note),
+            note: Some(crate::event_note::note(&note)),
             action: action.to_string(),
             secondary: None,
         };
@@ -515,7 +549,7 @@ impl Pools {
         pool: &StoragePool,
         observed: &[Observed],
         devices: &[BlockDevice],
-    ) -> Result<Option<Duration>, PoolsError> {
+    ) -> Result<(Option<Duration>, Option<String>), PoolsError> {
         let name = pool.name_any();
         if !pool.finalizers().iter().any(|f| f == deletion::FINALIZER) {
             // Before anything is built: a pool deleted later must be released first.
@@ -559,7 +593,10 @@ impl Pools {
             Ok(decision) => decision,
             Err(error) => {
                 let status = failed_status(&self.node, format!("the pool's spec: {error}"));
-                return self.apply_node_status(pool, &status).await.map(|()| None);
+                return self
+                    .apply_node_status(pool, &status)
+                    .await
+                    .map(|()| (None, status.health.clone()));
             }
         };
         let missing_paths: Vec<(String, String)> = decision
@@ -808,10 +845,11 @@ impl Pools {
         // A replacement runs or just ended: look again for its progress, its end and
         // the status after it, which nothing else announces.
         let background = (replacement.is_some() || ended).then_some(BACKGROUND_LOOK);
-        Ok([look_in, background, scrub_look]
+        let look_in = [look_in, background, scrub_look]
             .into_iter()
             .flatten()
-            .min())
+            .min();
+        Ok((look_in, status.health))
     }
 
     /// The node's scrub of `pool` (see `scrub`): its status, started when due and
@@ -1367,44 +1405,5 @@ impl Run {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_requests_of_several_pools_add_up() {
-        let none = Next::default();
-        let look = Next {
-            look_again: true,
-            ..Next::default()
-        };
-        let retry = Next {
-            retry_soon: true,
-            ..Next::default()
-        };
-        assert_eq!(none.and(none), none);
-        assert_eq!(
-            look.and(retry),
-            Next {
-                look_again: true,
-                retry_soon: true,
-                look_in: None,
-            }
-        );
-        assert_eq!(none.and(retry), retry);
-        // The sooner of two timed looks.
-        let soon = Next {
-            look_in: Some(Duration::from_secs(2)),
-            ..Next::default()
-        };
-        let later = Next {
-            look_in: Some(Duration::from_secs(9)),
-            ..Next::default()
-        };
-        assert_eq!(later.and(soon).look_in, Some(Duration::from_secs(2)));
-        assert_eq!(none.and(later).look_in, Some(Duration::from_secs(9)));
     }
 }

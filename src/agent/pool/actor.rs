@@ -1,0 +1,120 @@
+//! The `PoolMemberActor`: this node's part of one `StoragePool`, one pass at a time
+//! (`serial`), each pass the pool shell's (`shell::Pools::pass`: plan → wipe →
+//! mkfs/add → mount → healthy/degraded, or deleting). Its supervisor restarts it with
+//! back-off when a pass fails, and marks this node's entry of the pool `Failed` with
+//! the reason once it keeps failing. This is its shell; it decides nothing.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use castellan_actors::{ChildFailing, Effects, Event, MachineActor};
+use castellan_crds::storage_pool::StoragePool;
+use tokio::runtime::Handle;
+use tracing::Instrument;
+
+use super::shell::{Labels, Pass, Pools};
+use crate::agent::disk::observe::Observed;
+use crate::agent::node::machine::NodeEvent;
+use crate::agent::node::shell::NodeInbox;
+use crate::agent::serial::{Serial, SerialEffect, SerialEvent};
+
+/// A pass over a pool with one look's view.
+#[derive(Clone, Debug)]
+pub struct PoolRequest {
+    pub pool: Arc<StoragePool>,
+    pub labels: Arc<Labels>,
+    pub observed: Arc<Vec<Observed>>,
+}
+
+pub type PoolMemberMachine = Serial<PoolRequest, Pass>;
+pub type PoolMemberActor = MachineActor<PoolMemberMachine, PoolMemberEffects>;
+
+/// Executes a `PoolMemberActor`'s effects.
+#[derive(Clone)]
+pub struct PoolMemberEffects {
+    pool: String,
+    pools: Arc<Pools>,
+    node: NodeInbox,
+    runtime: Handle,
+}
+
+impl PoolMemberEffects {
+    pub fn new(pool: &str, pools: Arc<Pools>, node: NodeInbox, runtime: Handle) -> Self {
+        Self {
+            pool: pool.to_string(),
+            pools,
+            node,
+            runtime,
+        }
+    }
+}
+
+impl Effects<PoolMemberMachine> for PoolMemberEffects {
+    fn execute(
+        &mut self,
+        effect: SerialEffect<PoolRequest, Pass>,
+        events: &Recipient<Event<PoolMemberMachine>>,
+    ) {
+        match effect {
+            SerialEffect::Run(request) => {
+                let (pools, events, runtime) =
+                    (self.pools.clone(), events.clone(), self.runtime.clone());
+                let pool = self.pool.clone();
+                let span = tracing::info_span!("pool pass", pool = %pool);
+                self.runtime.spawn(
+                    async move {
+                        // Its own task: a panic in a pass is this pool's failure.
+                        let pass = runtime.spawn(
+                            async move {
+                                pools
+                                    .pass(&request.pool, &request.labels, &request.observed)
+                                    .await
+                                    .map_err(|error| error.to_string())
+                            }
+                            .in_current_span(),
+                        );
+                        let outcome = pass.await.unwrap_or_else(|error| {
+                            Err(format!("the pass over pool {pool} panicked: {error}"))
+                        });
+                        if let Err(error) = &outcome {
+                            tracing::error!(%pool, %error, "the pool's pass failed");
+                        }
+                        events.do_send(Event::new(SerialEvent::Finished(outcome)));
+                    }
+                    .instrument(span),
+                );
+            }
+            SerialEffect::Report(pass) => {
+                tracing::debug!(pool = %self.pool, phase = ?pass.phase, next = ?pass.next, "pool pass done");
+                // A closed inbox: the agent is stopping.
+                let _ = self.node.send(NodeEvent::Asked(pass.next));
+            }
+        }
+    }
+
+    /// A new incarnation (a new pool, or a restart after a failure) asks for a look,
+    /// which brings it a pass with a fresh view.
+    fn started(&mut self, _events: &Recipient<Event<PoolMemberMachine>>) {
+        let _ = self.node.send(NodeEvent::Trigger("pool actor started"));
+    }
+}
+
+/// The pool supervisor's failure sink: this node's entry of a pool whose actor keeps
+/// failing says so (`Failed` with the reason); its next good pass overwrites it.
+pub async fn report_failing_pools(
+    pools: Arc<Pools>,
+    mut failing: tokio::sync::mpsc::UnboundedReceiver<ChildFailing>,
+) {
+    while let Some(report) = failing.recv().await {
+        let message = format!(
+            "the agent's actor for this pool failed {} times in a row ({}); retrying in {}s",
+            report.failures,
+            report.reason,
+            report.retry_after.as_secs()
+        );
+        tracing::error!(pool = %report.key, %message, "pool actor failing");
+        if let Err(error) = pools.report_failing(&report.key, message).await {
+            tracing::warn!(pool = %report.key, %error, "could not mark the pool Failed on this node");
+        }
+    }
+}
