@@ -534,3 +534,206 @@ async fn the_periodic_rescan_sees_a_filesystem_written_without_a_uevent() {
         "a 2 s rescan took {seconds:.2} s to see the change"
     );
 }
+
+/// Deletes the admission policy and binding of a test on drop.
+struct Policy {
+    name: String,
+}
+
+impl Policy {
+    /// Refuses the agent's inventory writes (a `lastSeen` set or changed) to the
+    /// status of the BlockDevice of node `node` whose identity is `identity`: a disk
+    /// whose writes keep failing, as a real API-side fault would make them. The
+    /// supervisor's `Degraded` condition (no `lastSeen` change) is let through.
+    fn refuse_inventory_writes(name: &str, node: &str, identity: &str, dir: &Path) -> Self {
+        let yaml = format!(
+            r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {name}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [castellan.io]
+        apiVersions: ["*"]
+        operations: [UPDATE]
+        resources: [blockdevices/status]
+  matchConditions:
+    - name: the-faulty-disk
+      expression: "object.spec.nodeName == '{node}' && object.spec.identity == '{identity}'"
+  validations:
+    - expression: >-
+        !has(object.status) || !has(object.status.lastSeen) ||
+        (has(oldObject.status) && has(oldObject.status.lastSeen) &&
+         object.status.lastSeen == oldObject.status.lastSeen)
+      message: "e2e: this disk's inventory writes are refused"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {name}
+spec:
+  policyName: {name}
+  validationActions: [Deny]
+"#
+        );
+        let file = dir.join("policy.yaml");
+        fs::write(&file, yaml).expect("writing the policy");
+        support::kubectl_ok(&["apply", "-f", &file.to_string_lossy()]);
+        Self {
+            name: name.to_string(),
+        }
+    }
+
+    fn remove(&self) {
+        for kind in [
+            "validatingadmissionpolicybinding",
+            "validatingadmissionpolicy",
+        ] {
+            let _ = support::kubectl(&["delete", kind, &self.name, "--ignore-not-found"]);
+        }
+    }
+}
+
+impl Drop for Policy {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+fn degraded(device: &BlockDevice) -> Option<String> {
+    device
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|condition| condition.type_ == "Degraded" && condition.status == "True")
+        .map(|condition| format!("{}: {}", condition.reason, condition.message))
+}
+
+/// A disk whose object cannot be written: its DiskActor fails, is restarted with
+/// back-off and, once it keeps failing, reported `Degraded` on its BlockDevice with a
+/// Warning Event — while another disk attached at the same time is written as usual.
+/// Once the writes are admitted again, the actor's next incarnation writes the object
+/// and clears the condition.
+#[tokio::test]
+async fn a_disk_whose_writes_fail_is_reported_degraded_while_the_others_go_on_and_recovers() {
+    let client = support::client().await;
+    let api: Api<BlockDevice> = Api::all(client);
+    let node = format!("e2e-faulty-{}", std::process::id());
+    let _objects = NodeObjects { node: node.clone() };
+    let scratch = Scratch::new("faulty");
+    let faulty = scratch.disk_file("faulty.img", 32 * MIB);
+    let good = scratch.disk_file("good.img", 32 * MIB);
+    let policy = Policy::refuse_inventory_writes(
+        &format!("castellan-e2e-faulty-{}", std::process::id()),
+        &node,
+        &loop_identity(&faulty),
+        &scratch.dir,
+    );
+    // The API server compiles a new policy within a moment; give it one.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _faulty_loop = LoopDevice::attach(&faulty);
+    let pattern = scratch.allow_pattern();
+    let started = Instant::now();
+    // A look every second: the faulty disk fails at each look its actor is up for.
+    let _agent = Agent::start_with(
+        &node,
+        &scratch,
+        &["--device-allow", &pattern, "--rescan-seconds", "1"],
+    );
+    let _good_loop = LoopDevice::attach(&good);
+    let good_object = wait_for(&api, &node, &loop_identity(&good), "Unclaimed", |d| {
+        state(d) == Some(BlockDeviceState::Unclaimed)
+    })
+    .await;
+    assert_eq!(degraded(&good_object), None);
+
+    // Five failures with 1, 2, 4 and 8 s between the restarts: about 15 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let faulty_object = loop {
+        let list = api
+            .list(&ListParams::default().labels(&format!("castellan.io/node={node}")))
+            .await
+            .expect("listing BlockDevices");
+        let found = list
+            .items
+            .into_iter()
+            .find(|d| d.spec.identity == loop_identity(&faulty));
+        if let Some(device) = found.filter(|device| degraded(device).is_some()) {
+            break device;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the faulty disk was not reported Degraded within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!(
+        "writes refused -> Degraded after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let reason = degraded(&faulty_object).unwrap_or_default();
+    assert!(
+        reason.starts_with("ActorFailing: the disk's actor failed 5 times in a row")
+            && reason.contains("this disk's inventory writes are refused")
+            && reason.contains("retrying in 60s"),
+        "{reason}"
+    );
+    // Never written by the agent: no state, no lastSeen.
+    assert_eq!(state(&faulty_object), None);
+    let warning = events_about(&faulty_object.name_any(), "Degraded");
+    assert!(warning.contains("failed 5 times in a row"), "{warning}");
+    // The other disk's object was kept current meanwhile (attached after the agent
+    // started, so written by a look while the faulty actor was failing).
+    let good_now = api.get(&good_object.name_any()).await.expect("reading the good disk");
+    assert_eq!(state(&good_now), Some(BlockDeviceState::Unclaimed));
+
+    // Writes admitted again: after the supervisor's cool-down (60 s) the actor is
+    // restarted, writes the object and clears the condition.
+    policy.remove();
+    let recovered = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(100);
+    loop {
+        let device = api
+            .get(&faulty_object.name_any())
+            .await
+            .expect("reading the faulty disk");
+        if state(&device) == Some(BlockDeviceState::Unclaimed) && degraded(&device).is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the disk did not recover within 100 s: {:#?}",
+            device.status
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "writes admitted -> Unclaimed, Degraded cleared after {:.1} s",
+        recovered.elapsed().as_secs_f64()
+    );
+}
+
+/// The messages of the Events with `reason` about object `name` (any namespace: a
+/// cluster-scoped object's Events land in `default`), once there is one (10 s at most).
+fn events_about(name: &str, reason: &str) -> String {
+    let selector = format!("involvedObject.name={name},reason={reason}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let messages = support::kubectl_ok(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            &selector,
+            "-o",
+            "jsonpath={.items[*].message}",
+        ]);
+        if !messages.trim().is_empty() || Instant::now() > deadline {
+            return messages;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
