@@ -687,7 +687,10 @@ async fn a_disk_whose_writes_fail_is_reported_degraded_while_the_others_go_on_an
     assert!(warning.contains("failed 5 times in a row"), "{warning}");
     // The other disk's object was kept current meanwhile (attached after the agent
     // started, so written by a look while the faulty actor was failing).
-    let good_now = api.get(&good_object.name_any()).await.expect("reading the good disk");
+    let good_now = api
+        .get(&good_object.name_any())
+        .await
+        .expect("reading the good disk");
     assert_eq!(state(&good_now), Some(BlockDeviceState::Unclaimed));
 
     // Writes admitted again: after the supervisor's cool-down (60 s) the actor is

@@ -830,8 +830,9 @@ async fn a_foreign_two_device_btrfs_with_one_member_mounted_is_never_touched() {
     setup.finish();
 }
 
-/// A pool's creation is a trace: the agent exports over OTLP as the operator does, a
-/// `pool` span with the commands it ran (`pool step`: mkfs, mount, quota) under it.
+/// A pool's creation is a trace: the agent exports over OTLP as the operator does, the
+/// pool actor's `pool pass` span with the commands it ran (`pool step`: mkfs, mount,
+/// quota) under it.
 #[tokio::test]
 async fn a_pools_creation_is_a_trace() {
     let receiver = Receiver::start(47401);
@@ -859,14 +860,14 @@ async fn a_pools_creation_is_a_trace() {
                 .iter()
                 .filter(|span| span.name == "pool step" && span.parent == root.id)
                 .collect();
-            (root.name == "pool" && steps.len() >= 3).then(|| ((*root).clone(), steps.len()))
+            (root.name == "pool pass" && steps.len() >= 3).then(|| ((*root).clone(), steps.len()))
         });
         if let Some(built) = built {
             break built;
         }
         assert!(
             Instant::now() < deadline,
-            "no pool span with its steps from castellan-agent in {}: {:?}",
+            "no pool pass span with its steps from castellan-agent in {}: {:?}",
             receiver.traces().display(),
             agent_spans.iter().map(|s| &s.name).collect::<Vec<_>>()
         );

@@ -205,7 +205,7 @@ mod tests {
 
     use super::*;
     use crate::supervisor::{
-        ChildFailing, GetChild, GetChildStatus, RestartPolicy, StartChild, Supervisor,
+        ChildFailing, ChildStatus, GetChild, GetChildStatus, RestartPolicy, StartChild, Supervisor,
     };
 
     /// A small machine in the shape of the operator's: one run with bounded retries.
@@ -420,6 +420,31 @@ mod tests {
         panic!("never reached {wanted:?}");
     }
 
+    /// Waits until `key` runs again after its first restart; its status then.
+    async fn restarted_once(parent: &Addr<Supervisor<RunActor>>, key: &str) -> ChildStatus {
+        for _ in 0..2000 {
+            let status = parent
+                .send(GetChildStatus { key: key.into() })
+                .await
+                .unwrap()
+                .unwrap();
+            if status.running && status.restarts == 1 {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{key} was not restarted once");
+    }
+
+    /// The running incarnation of `key` begins afresh, from its spec.
+    async fn assert_fresh(parent: &Addr<Supervisor<RunActor>>, key: &str) {
+        let fresh = parent.send(GetChild::new(key)).await.unwrap().unwrap();
+        assert_eq!(
+            fresh.send(GetState::default()).await.unwrap(),
+            Some(RunState::Idle)
+        );
+    }
+
     #[actix_rt::test]
     async fn shell_runs_transitions_and_effects_feed_back_events() {
         let (sink, _reports) = mpsc::unbounded_channel::<ChildFailing>();
@@ -466,34 +491,11 @@ mod tests {
         assert_eq!(*recorder.starts.lock().unwrap(), 1);
         run.do_send(Event::new(RunEvent::Start));
 
-        let mut restarted = None;
-        for _ in 0..2000 {
-            let status = parent
-                .send(GetChildStatus {
-                    key: "nightly".into(),
-                })
-                .await
-                .unwrap()
-                .unwrap();
-            if status.running && status.restarts == 1 {
-                restarted = Some(status);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let status = restarted.expect("restarted once after failing");
+        let status = restarted_once(&parent, "nightly").await;
         assert_eq!(status.last_failure.as_deref(), Some("first try fails"));
         // The new incarnation was started (its executor told) and begins afresh.
         assert_eq!(*recorder.starts.lock().unwrap(), 2);
-        let fresh = parent
-            .send(GetChild::new("nightly"))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            fresh.send(GetState::default()).await.unwrap(),
-            Some(RunState::Idle)
-        );
+        assert_fresh(&parent, "nightly").await;
     }
 
     #[actix_rt::test]
@@ -513,35 +515,12 @@ mod tests {
         // The handler returns (no state) instead of unwinding through actix.
         assert_eq!(run.send(Event::new(RunEvent::Bug)).await.unwrap(), None);
 
-        let mut restarted = None;
-        for _ in 0..2000 {
-            let status = parent
-                .send(GetChildStatus {
-                    key: "nightly".into(),
-                })
-                .await
-                .unwrap()
-                .unwrap();
-            if status.running && status.restarts == 1 {
-                restarted = Some(status);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let status = restarted.expect("restarted once");
+        let status = restarted_once(&parent, "nightly").await;
         assert_eq!(
             status.last_failure.as_deref(),
             Some("panicked: bug in the run machine")
         );
-        let fresh = parent
-            .send(GetChild::new("nightly"))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            fresh.send(GetState::default()).await.unwrap(),
-            Some(RunState::Idle)
-        );
+        assert_fresh(&parent, "nightly").await;
         assert!(
             run.send(GetState::default()).await.is_err(),
             "old one is gone"

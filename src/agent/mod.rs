@@ -12,6 +12,7 @@
 //! Nothing here decides anything about a disk.
 
 pub mod btrfs;
+pub mod children;
 pub mod disk;
 pub mod host;
 pub mod node;
@@ -37,6 +38,7 @@ use actix::prelude::*;
 use castellan_actors::{
     ActorSystem, ChildFailing, Event, MachineSpec, RestartPolicy, StartChild, Supervisor,
 };
+use children::{Ask, StorageLock};
 use disk::inventory::Inventory;
 use disk::observe::{AllowList, Sources};
 use disk::shell::{DiskActor, report_failing_disks};
@@ -209,7 +211,13 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             Some(()) = volume_changes.recv() => {
                 volume_actor.send(Event::root(SerialEvent::Request("watch"))).await;
             }
-            Some(event) = asked.recv() => node_actor.send(Event::root(event)).await,
+            Some(ask) = asked.recv() => {
+                let event = match ask {
+                    Ask::Look(cause) => NodeEvent::Trigger(cause),
+                    Ask::Next(next) => NodeEvent::Asked(next),
+                };
+                node_actor.send(Event::root(event)).await;
+            }
             finished = &mut listening => {
                 // Hotplug is what keeps objects current within seconds: without it the
                 // agent would silently fall back to the slow timer, so stop and let the
@@ -436,12 +444,6 @@ async fn watch_volumes(client: Client, triggers: mpsc::Sender<()>) {
         }
     }
 }
-
-/// The node's storage lock: held while the node's storage changes — a look's
-/// BlockDevice writes, a pool's pass, a volume pass — so that these never interleave
-/// (a claim must see the inventory's writes and the other pools' claims; a volume is
-/// never made in a pool being unmounted). Observing the disks does not take it.
-pub type StorageLock = Arc<tokio::sync::Mutex<()>>;
 
 /// The allow-list pattern: the flag if given, else the Node's annotation, else none.
 fn allow_pattern(flag: Option<&str>, node: Option<&Node>) -> Option<String> {

@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use super::inventory::{Inventory, Write};
 use super::machine::{DEGRADED, DiskEffect, DiskEvent, DiskMachine};
+use crate::agent::children::contained;
 
 pub type DiskActor = MachineActor<DiskMachine, DiskEffects>;
 
@@ -102,14 +103,11 @@ impl Effects<DiskMachine> for DiskEffects {
                 let spec = write.spec.is_some();
                 self.runtime.spawn(
                     async move {
-                        // Its own task: a panic in the writer is this disk's failure, caught
-                        // here and reported to the actor, not a crash of the agent.
-                        let outcome = match runtime.spawn(writer.write(*write, generation)).await {
-                            Ok(outcome) => outcome,
-                            Err(error) => {
-                                Err(format!("writing BlockDevice {device} panicked: {error}"))
-                            }
-                        };
+                        // A panic in the writer is this disk's failure, reported to its
+                        // actor, not a crash of the agent.
+                        let what = format!("writing BlockDevice {device}");
+                        let outcome =
+                            contained(&runtime, &what, writer.write(*write, generation)).await;
                         match &outcome {
                             Ok(()) => tracing::info!(%device, spec, ?state, "BlockDevice written"),
                             Err(error) => {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use castellan_actors::StateMachine;
 
-use crate::agent::pool::shell::Next;
+use crate::agent::children::Next;
 
 /// How soon a pool step that failed on something passing (a busy disk) is retried.
 pub const RETRY_DELAY: Duration = Duration::from_secs(3);

@@ -21,7 +21,7 @@ use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use super::machine::{Cause, NodeEffect, NodeEvent, NodeMachine};
-use crate::agent::StorageLock;
+use crate::agent::children::{NodeInbox, StorageLock};
 use crate::agent::disk::inventory::Inventory;
 use crate::agent::disk::machine::{DiskEvent, DiskState, Done, Sighting};
 use crate::agent::disk::observe::{self, AllowList, Sources};
@@ -31,10 +31,6 @@ use crate::agent::pool::shell::Pools;
 use crate::agent::serial::{SerialEvent, SerialState};
 
 pub type NodeActor = MachineActor<NodeMachine, NodeEffects>;
-
-/// Where the node actor's children send what they ask of it: a channel, so that a
-/// restarted node actor (a new address) still gets it (see [`Current`]).
-pub type NodeInbox = tokio::sync::mpsc::UnboundedSender<NodeEvent>;
 
 /// How long a look waits for its disks' writes before it goes on to the pools (a
 /// write stuck on an unreachable API server must not hold the node forever).

@@ -10,13 +10,11 @@ use actix::prelude::*;
 use castellan_actors::{ChildFailing, Effects, Event, MachineActor};
 use castellan_crds::storage_pool::StoragePool;
 use tokio::runtime::Handle;
-use tracing::Instrument;
 
 use super::shell::{Labels, Pass, Pools};
+use crate::agent::children::{Ask, NodeInbox, run_pass};
 use crate::agent::disk::observe::Observed;
-use crate::agent::node::machine::NodeEvent;
-use crate::agent::node::shell::NodeInbox;
-use crate::agent::serial::{Serial, SerialEffect, SerialEvent};
+use crate::agent::serial::{Serial, SerialEffect};
 
 /// A pass over a pool with one look's view.
 #[derive(Clone, Debug)]
@@ -57,37 +55,25 @@ impl Effects<PoolMemberMachine> for PoolMemberEffects {
     ) {
         match effect {
             SerialEffect::Run(request) => {
-                let (pools, events, runtime) =
-                    (self.pools.clone(), events.clone(), self.runtime.clone());
-                let pool = self.pool.clone();
-                let span = tracing::info_span!("pool pass", pool = %pool);
-                self.runtime.spawn(
-                    async move {
-                        // Its own task: a panic in a pass is this pool's failure.
-                        let pass = runtime.spawn(
-                            async move {
-                                pools
-                                    .pass(&request.pool, &request.labels, &request.observed)
-                                    .await
-                                    .map_err(|error| error.to_string())
-                            }
-                            .in_current_span(),
-                        );
-                        let outcome = pass.await.unwrap_or_else(|error| {
-                            Err(format!("the pass over pool {pool} panicked: {error}"))
-                        });
-                        if let Err(error) = &outcome {
-                            tracing::error!(%pool, %error, "the pool's pass failed");
-                        }
-                        events.do_send(Event::new(SerialEvent::Finished(outcome)));
-                    }
-                    .instrument(span),
+                let pools = self.pools.clone();
+                let pass = async move {
+                    pools
+                        .pass(&request.pool, &request.labels, &request.observed)
+                        .await
+                        .map_err(|error| error.to_string())
+                };
+                run_pass(
+                    &self.runtime,
+                    tracing::info_span!("pool pass", pool = %self.pool),
+                    format!("the pass over pool {}", self.pool),
+                    pass,
+                    events,
                 );
             }
             SerialEffect::Report(pass) => {
                 tracing::debug!(pool = %self.pool, phase = ?pass.phase, next = ?pass.next, "pool pass done");
                 // A closed inbox: the agent is stopping.
-                let _ = self.node.send(NodeEvent::Asked(pass.next));
+                let _ = self.node.send(Ask::Next(pass.next));
             }
         }
     }
@@ -95,7 +81,7 @@ impl Effects<PoolMemberMachine> for PoolMemberEffects {
     /// A new incarnation (a new pool, or a restart after a failure) asks for a look,
     /// which brings it a pass with a fresh view.
     fn started(&mut self, _events: &Recipient<Event<PoolMemberMachine>>) {
-        let _ = self.node.send(NodeEvent::Trigger("pool actor started"));
+        let _ = self.node.send(Ask::Look("pool actor started"));
     }
 }
 

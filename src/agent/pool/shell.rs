@@ -38,8 +38,8 @@ use super::replace::{Ended, Progress, Replacements};
 use super::scrub::{self, Scrubs};
 use super::storage_class;
 use super::totals;
-use crate::agent::StorageLock;
 use crate::agent::btrfs::{self, Show, Usage};
+use crate::agent::children::{Next, StorageLock};
 use crate::agent::disk::inventory::NODE_LABEL;
 use crate::agent::disk::observe::{Observed, Sources, still_the_disk};
 use crate::agent::disk::probe::SignatureKind;
@@ -60,6 +60,8 @@ pub const TOTALS_FIELD_MANAGER: &str = "castellan-agent-totals";
 pub enum PoolsError {
     #[error("listing StoragePools: {0}")]
     ListPools(kube::Error),
+    #[error("reading StoragePool {name}: {source}")]
+    ReadPool { name: String, source: kube::Error },
     #[error("reading Node {node}: {source}")]
     ReadNode { node: String, source: kube::Error },
     #[error("listing the BlockDevices of node {node}: {source}")]
@@ -70,20 +72,6 @@ pub enum PoolsError {
         name: String,
         source: kube::Error,
     },
-}
-
-/// What a pass over the pools asks of the agent next.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Next {
-    /// Disks were released: look at them again now, so their BlockDevices become
-    /// `Unclaimed` at once.
-    pub look_again: bool,
-    /// Releasing a deleted pool failed on something that passes (a disk still held
-    /// busy): try again in a few seconds rather than at the next periodic look.
-    pub retry_soon: bool,
-    /// Look again after this long: a missing member's grace period ends then, or a
-    /// replacement runs.
-    pub look_in: Option<Duration>,
 }
 
 /// A Node's labels.
@@ -244,7 +232,10 @@ impl Pools {
         let pool = Api::<StoragePool>::all(self.client.clone())
             .get(pool)
             .await
-            .map_err(PoolsError::ListPools)?;
+            .map_err(|source| PoolsError::ReadPool {
+                name: pool.to_string(),
+                source,
+            })?;
         self.apply_node_status(&pool, &failed_status(&self.node, message))
             .await
     }

@@ -10,15 +10,13 @@ use std::sync::Arc;
 use actix::prelude::*;
 use castellan_actors::{Effects, Event, MachineActor};
 use tokio::runtime::Handle;
-use tracing::Instrument;
 
 use super::shell::Volumes;
-use crate::agent::node::machine::{Cause, NodeEvent};
-use crate::agent::node::shell::NodeInbox;
+use crate::agent::children::{Ask, NodeInbox, run_pass};
 use crate::agent::serial::{Serial, SerialEffect, SerialEvent};
 
 /// A pass is requested for a cause; its outcome is whether an allocation changed.
-pub type VolumeMachine = Serial<Cause, bool>;
+pub type VolumeMachine = Serial<&'static str, bool>;
 pub type VolumeActor = MachineActor<VolumeMachine, VolumeEffects>;
 
 /// Executes the `VolumeActor`'s effects.
@@ -42,38 +40,25 @@ impl VolumeEffects {
 impl Effects<VolumeMachine> for VolumeEffects {
     fn execute(
         &mut self,
-        effect: SerialEffect<Cause, bool>,
+        effect: SerialEffect<&'static str, bool>,
         events: &Recipient<Event<VolumeMachine>>,
     ) {
         match effect {
             SerialEffect::Run(cause) => {
-                let (volumes, events, runtime) =
-                    (self.volumes.clone(), events.clone(), self.runtime.clone());
-                let span = tracing::info_span!("volume pass", cause);
-                self.runtime.spawn(
-                    async move {
-                        // Its own task: a panic in a pass is the actor's failure.
-                        let pass =
-                            runtime.spawn(
-                                async move {
-                                    volumes.reconcile().await.map_err(|error| error.to_string())
-                                }
-                                .in_current_span(),
-                            );
-                        let outcome = pass.await.unwrap_or_else(|error| {
-                            Err(format!("the volume pass panicked: {error}"))
-                        });
-                        if let Err(error) = &outcome {
-                            tracing::error!(%error, "reconciling volumes failed");
-                        }
-                        events.do_send(Event::new(SerialEvent::Finished(outcome)));
-                    }
-                    .instrument(span),
+                let volumes = self.volumes.clone();
+                let pass =
+                    async move { volumes.reconcile().await.map_err(|error| error.to_string()) };
+                run_pass(
+                    &self.runtime,
+                    tracing::info_span!("volume pass", cause),
+                    "the volume pass".to_string(),
+                    pass,
+                    events,
                 );
             }
             // A claim or volume changed a pool's allocation: report the pools again.
             SerialEffect::Report(true) => {
-                let _ = self.node.send(NodeEvent::Trigger("volumes"));
+                let _ = self.node.send(Ask::Look("volumes"));
             }
             SerialEffect::Report(false) => {}
         }

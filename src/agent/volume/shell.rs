@@ -33,8 +33,8 @@ use super::machine::{
     self as volume, Action, Claim, ClaimKey, FINALIZER, POOL_LABEL, PROVISIONED_BY_ANNOTATION,
     PROVISIONER, PoolOnNode, Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
 };
-use crate::agent::StorageLock;
 use crate::agent::btrfs;
+use crate::agent::children::StorageLock;
 use crate::agent::disk::inventory::NODE_LABEL;
 use crate::agent::host::{self, run};
 use crate::agent::pool::totals;
