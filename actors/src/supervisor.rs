@@ -153,6 +153,19 @@ pub struct ChildFailing {
     pub retry_after: Duration,
 }
 
+impl ChildFailing {
+    /// The report in words, about `actor` ("the cluster's actor"): what a sink shows
+    /// the user (a condition's or Event's message).
+    pub fn describe(&self, actor: &str) -> String {
+        format!(
+            "{actor} failed {} times in a row ({}); retrying in {}s",
+            self.failures,
+            self.reason,
+            self.retry_after.as_secs()
+        )
+    }
+}
+
 /// Where a supervisor reports a child that keeps failing. The owner provides it: in the
 /// operator it marks the resource `Degraded` with the reason.
 pub trait FailureSink: 'static {

@@ -39,12 +39,7 @@ pub async fn report_failing_clusters(
                 continue;
             }
         };
-        let reason = format!(
-            "the cluster's actor failed {} times in a row ({}); retrying in {}s",
-            report.failures,
-            report.reason,
-            report.retry_after.as_secs()
-        );
+        let reason = report.describe("the cluster's actor");
         tracing::error!(cluster = %report.key, %reason, "cluster actor failing");
         if let Ok(mut failed) = failed.lock() {
             failed.insert(report.key.clone(), edition(&cluster));

@@ -248,7 +248,7 @@ impl Inventory {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kube::api::ObjectMeta;
 
@@ -258,7 +258,8 @@ mod tests {
         "2026-11-30T12:00:00Z".parse().unwrap()
     }
 
-    fn spec(path: &str) -> BlockDeviceSpec {
+    /// The spec of a loop disk at `path`.
+    pub(crate) fn spec(path: &str) -> BlockDeviceSpec {
         BlockDeviceSpec {
             node_name: NODE.into(),
             path: path.into(),

@@ -241,7 +241,7 @@ fn phase_after(before: DiskPhase, state: Option<BlockDeviceState>, refused: bool
 #[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 pub(crate) mod tests {
     use super::*;
-    use castellan_crds::block_device::{BlockDeviceSpec, BlockDeviceStatus};
+    use castellan_crds::block_device::BlockDeviceStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
@@ -254,17 +254,7 @@ pub(crate) mod tests {
     pub(crate) fn observed_named(name: &str, refusal: Option<&str>) -> Observed {
         Observed {
             name: name.into(),
-            spec: BlockDeviceSpec {
-                node_name: "n1".into(),
-                path: "/dev/loop7".into(),
-                size_bytes: 1 << 30,
-                model: None,
-                serial: None,
-                wwn: None,
-                identity: "loopfile:/d@1".into(),
-                rotational: false,
-                signatures: vec![],
-            },
+            spec: inventory::tests::spec("/dev/loop7"),
             refusal: refusal.map(Into::into),
             facts: Default::default(),
         }

@@ -189,13 +189,8 @@ pub async fn report_failing_disks(
     );
     let api = Api::<BlockDevice>::all(client);
     while let Some(report) = failing.recv().await {
+        let message = report.describe("the disk's actor");
         let device = report.key;
-        let message = format!(
-            "the disk's actor failed {} times in a row ({}); retrying in {}s",
-            report.failures,
-            report.reason,
-            report.retry_after.as_secs()
-        );
         tracing::error!(%device, %message, "disk actor failing");
         if let Err(error) = inventory.set_degraded(&device, Some(&message)).await {
             tracing::warn!(%device, %error, "could not mark the BlockDevice Degraded");

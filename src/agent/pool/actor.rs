@@ -92,12 +92,7 @@ pub async fn report_failing_pools(
     mut failing: tokio::sync::mpsc::UnboundedReceiver<ChildFailing>,
 ) {
     while let Some(report) = failing.recv().await {
-        let message = format!(
-            "the agent's actor for this pool failed {} times in a row ({}); retrying in {}s",
-            report.failures,
-            report.reason,
-            report.retry_after.as_secs()
-        );
+        let message = report.describe("the agent's actor for this pool");
         tracing::error!(pool = %report.key, %message, "pool actor failing");
         if let Err(error) = pools.report_failing(&report.key, message).await {
             tracing::warn!(pool = %report.key, %error, "could not mark the pool Failed on this node");
