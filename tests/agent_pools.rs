@@ -15,6 +15,7 @@ use support::disks::{Loops, MIB, Unmount, mounts_under, run, sparse_file, write_
 use support::otel::{Receiver, spans};
 
 use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -827,6 +828,87 @@ async fn a_foreign_two_device_btrfs_with_one_member_mounted_is_never_touched() {
     );
 
     unmount_foreign.all();
+    setup.finish();
+}
+
+/// A mkfs that fails halfway does not wedge the pool. The disk's backing file lives on
+/// a 1 MiB tmpfs, so `mkfs.btrfs` writes its first megabyte and then fails (the loop
+/// device's writes hit ENOSPC). The node's entry says `Failed` with mkfs's error, the
+/// disk half-written but never mounted as a member; the pool's actor retries with
+/// back-off. Once the tmpfs has room, a retry builds the pool: `Healthy` on that disk,
+/// with no other trigger than the actor's own retry (no uevent, no pool change, the
+/// periodic look 600 s away).
+#[tokio::test]
+async fn a_mkfs_that_fails_halfway_does_not_wedge_the_pool() {
+    let mut setup = OneNode::new("halfway", 9).await;
+    let small = setup.dir.join("small");
+    fs::create_dir_all(&small).expect("creating the tmpfs mount point");
+    run(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=1m",
+            "castellan-e2e-halfway",
+            &small.to_string_lossy(),
+        ],
+    );
+    // Dropped before `setup`: the loop device still holds the file, so it is a lazy
+    // unmount, completed when the loop device is detached.
+    let tmpfs = Unmount {
+        root: small.clone(),
+    };
+    let file = sparse_file(&small, "half.img", DISK);
+    let disk = setup.loops.attach(&file);
+    setup.start_agent(&[]);
+    setup.create_pool("single").await;
+
+    let failed = setup
+        .wait("Failed by mkfs", |e| {
+            e.health.as_deref() == Some("Failed")
+                && e.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("mkfs.btrfs"))
+        })
+        .await;
+    let written = fs::metadata(&file).map(|m| m.blocks() * 512).unwrap_or(0);
+    println!(
+        "mkfs failed after writing {} KiB: {}",
+        written / 1024,
+        failed.message.as_deref().unwrap_or_default()
+    );
+    assert!(written > 0, "mkfs wrote nothing before failing");
+    let mount = setup
+        .scratch
+        .pool_root()
+        .join(&setup.node)
+        .join(&setup.pool);
+    assert!(
+        !mounts_under(&setup.scratch.pool_root())
+            .iter()
+            .any(|m| Path::new(m) == mount),
+        "a half-built pool was mounted"
+    );
+
+    run(
+        "mount",
+        &["-o", "remount,size=512m", &small.to_string_lossy()],
+    );
+    let grown = Instant::now();
+    let healthy = setup
+        .wait("Healthy after the retry", |e| {
+            e.health.as_deref() == Some("Healthy") && e.disks.len() == 1
+        })
+        .await;
+    println!(
+        "room made -> Healthy after {:.1} s (the pool actor's back-off)",
+        grown.elapsed().as_secs_f64()
+    );
+    assert_eq!(paths(&healthy), vec![disk.clone()]);
+    assert_eq!(btrfs_devices(&mount), 1);
+    // Lazily: the loop device holds its file until `finish` detaches it.
+    tmpfs.all();
     setup.finish();
 }
 

@@ -62,6 +62,10 @@ pub enum PoolsError {
     ListPools(kube::Error),
     #[error("reading StoragePool {name}: {source}")]
     ReadPool { name: String, source: kube::Error },
+    /// Reported in the node's entry; an error as well, so that the pool's actor backs
+    /// off and tries again rather than waiting for the next look.
+    #[error("building pool {pool}: {message}")]
+    Steps { pool: String, message: String },
     #[error("reading Node {node}: {source}")]
     ReadNode { node: String, source: kube::Error },
     #[error("listing the BlockDevices of node {node}: {source}")]
@@ -836,6 +840,12 @@ impl Pools {
         // A replacement runs or just ended: look again for its progress, its end and
         // the status after it, which nothing else announces.
         let background = (replacement.is_some() || ended).then_some(BACKGROUND_LOOK);
+        if let Some(message) = error {
+            return Err(PoolsError::Steps {
+                pool: name,
+                message,
+            });
+        }
         let look_in = [look_in, background, scrub_look]
             .into_iter()
             .flatten()
