@@ -14,7 +14,7 @@ pub mod system;
 pub use state_machine::{Effects, Event, GetState, MachineActor, MachineSpec, StateMachine};
 pub use supervisor::{
     Child, ChildExit, ChildFailing, ChildKey, ChildLink, ChildStatus, ChildStopped, FailureSink,
-    GetChild, GetChildStatus, RestartNow, RestartPolicy, Shutdown, StartChild, StopChild,
-    Supervisor, catch_panic,
+    GetChild, GetChildStatus, RestartNow, RestartPolicy, RetainChildren, Shutdown, StartChild,
+    StopChild, Supervisor, catch_panic,
 };
 pub use system::{ActorSystem, SystemError};

@@ -398,6 +398,15 @@ pub struct StopChild {
     pub key: ChildKey,
 }
 
+/// Stops for good every child whose key is not in `keys` (their resources are gone),
+/// as [`StopChild`] does for one; answers the keys it stopped. For an owner that knows
+/// the whole set of resources, not which of them went.
+#[derive(Debug, Message)]
+#[rtype(result = "Vec<ChildKey>")]
+pub struct RetainChildren {
+    pub keys: std::collections::BTreeSet<ChildKey>,
+}
+
 /// The running child's address, if any (none while it waits to restart).
 #[derive(Debug, Message)]
 #[rtype(result = "Option<Addr<C>>")]
@@ -493,6 +502,27 @@ impl<C: Child> Handler<StopChild> for Supervisor<C> {
             }
             None => false,
         }
+    }
+}
+
+impl<C: Child> Handler<RetainChildren> for Supervisor<C> {
+    type Result = Vec<ChildKey>;
+
+    fn handle(&mut self, message: RetainChildren, _ctx: &mut Self::Context) -> Vec<ChildKey> {
+        let mut gone: Vec<ChildKey> = self
+            .children
+            .keys()
+            .filter(|key| !message.keys.contains(*key))
+            .cloned()
+            .collect();
+        gone.sort();
+        for key in &gone {
+            // Forgotten first, as in `StopChild`: its final report restarts nothing.
+            if let Some(addr) = self.children.remove(key).and_then(|entry| entry.addr) {
+                addr.do_send(Shutdown);
+            }
+        }
+        gone
     }
 }
 

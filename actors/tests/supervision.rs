@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use castellan_actors::{
     Child, ChildFailing, ChildKey, ChildLink, ChildStatus, GetChild, GetChildStatus, RestartNow,
-    RestartPolicy, Shutdown, StartChild, StopChild, Supervisor,
+    RestartPolicy, RetainChildren, Shutdown, StartChild, StopChild, Supervisor,
 };
 use tokio::sync::mpsc;
 
@@ -350,6 +350,46 @@ async fn clean_stop_is_not_a_failure() {
             .unwrap()
             .is_none()
     );
+    assert!(reports.try_recv().is_err());
+}
+
+#[actix_rt::test]
+async fn retaining_children_stops_the_others_for_good() {
+    let (parent, mut reports) = start_supervisor(fast_policy());
+    let specs: Vec<(&str, WorkerSpec)> = ["a", "b", "c"]
+        .into_iter()
+        .map(|key| (key, WorkerSpec::default()))
+        .collect();
+    for (key, spec) in &specs {
+        parent
+            .send(StartChild {
+                key: (*key).into(),
+                spec: spec.clone(),
+            })
+            .await
+            .unwrap()
+            .expect("child started");
+    }
+    let stopped = parent
+        .send(RetainChildren {
+            keys: ["b".to_string(), "z".to_string()].into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(stopped, vec!["a".to_string(), "c".to_string()]);
+    wait_until("the others are dropped", || async {
+        specs[0].1.counters.drops.load(Ordering::SeqCst) == 1
+            && specs[2].1.counters.drops.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (key, spec) in &specs {
+        assert_eq!(spec.counters.starts.load(Ordering::SeqCst), 1, "{key}");
+    }
+    assert!(status(&parent, "a").await.is_none());
+    assert!(parent.send(GetChild::new("b")).await.unwrap().is_some());
+    // A key to keep that was never started is not started by it.
+    assert!(status(&parent, "z").await.is_none());
     assert!(reports.try_recv().is_err());
 }
 

@@ -44,7 +44,7 @@ use disk::observe::{AllowList, Sources};
 use disk::shell::{DiskActor, report_failing_disks};
 use disk::uevent;
 use node::machine::{NodeEvent, NodeState};
-use node::shell::{Current, NodeActor, NodeEffects, NodeParts};
+use node::shell::{Current, NodeActor, NodeEffects, NodeParts, NodeSetup};
 use pool::actor::{PoolMemberActor, report_failing_pools};
 use pool::shell::{self as pools, Pools};
 use serial::{SerialEvent, SerialState};
@@ -176,20 +176,16 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     let mut listening = tokio::spawn(listener.run(uevent::Debounce::default(), triggers));
 
     let (inbox, mut asked) = mpsc::unbounded_channel();
-    let name = node.clone();
-    let parts = move |children, runtime| {
-        NodeParts::new(
-            &name,
-            (allow, Sources::default()),
-            inventory,
-            pools,
-            storage,
-            children,
-            inbox,
-            runtime,
-        )
+    let setup = NodeSetup {
+        name: node.clone(),
+        allow,
+        sources: Sources::default(),
+        inventory,
+        pools,
+        storage,
+        inbox,
     };
-    let tree = Tree::start(client, parts, volumes).await?;
+    let tree = Tree::start(client, setup, volumes).await?;
     let (mut node_actor, mut volume_actor) = (tree.node, tree.volumes);
 
     // The node and volume actors make their first pass as they start.
@@ -269,13 +265,7 @@ struct Tree {
 impl Tree {
     async fn start(
         client: Client,
-        parts: impl FnOnce(
-            (
-                Addr<Supervisor<DiskActor>>,
-                Addr<Supervisor<PoolMemberActor>>,
-            ),
-            tokio::runtime::Handle,
-        ) -> NodeParts,
+        setup: NodeSetup,
         volumes: Arc<Volumes>,
     ) -> anyhow::Result<Self> {
         let system =
@@ -298,7 +288,7 @@ impl Tree {
             .await
             .context("starting the agent's supervisors")?;
         let runtime = tokio::runtime::Handle::current();
-        let parts = Arc::new(parts((disks, pool_members), runtime.clone()));
+        let parts = Arc::new(NodeParts::new(setup, disks, pool_members, runtime.clone()));
         tokio::spawn(report_failing_disks(
             client,
             parts.inventory.clone(),

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use castellan_actors::{
-    Child, Effects, Event, GetChild, MachineActor, MachineSpec, StartChild, StopChild, Supervisor,
+    Child, Effects, Event, GetChild, MachineActor, MachineSpec, RetainChildren, StartChild,
+    Supervisor,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -36,8 +37,8 @@ pub type NodeActor = MachineActor<NodeMachine, NodeEffects>;
 /// write stuck on an unreachable API server must not hold the node forever).
 const DISK_WRITES: Duration = Duration::from_secs(60);
 
-/// What every incarnation of the node actor shares.
-pub struct NodeParts {
+/// The node's parts that exist before its actor tree: what `serve` wires.
+pub struct NodeSetup {
     pub name: String,
     pub allow: AllowList,
     pub sources: Sources,
@@ -45,44 +46,56 @@ pub struct NodeParts {
     pub pools: Arc<Pools>,
     /// Held while the look writes BlockDevices (see `StorageLock`).
     pub storage: StorageLock,
+    pub inbox: NodeInbox,
+}
+
+/// What every incarnation of the node actor shares: its setup, the supervisors of its
+/// children, and its one timer.
+pub struct NodeParts {
+    pub name: String,
+    pub allow: AllowList,
+    pub sources: Sources,
+    pub inventory: Inventory,
+    /// The inventory, as the disks' actors write through it.
+    writer: Arc<dyn DiskWriter>,
+    pub pools: Arc<Pools>,
+    pub storage: StorageLock,
+    pub inbox: NodeInbox,
     pub disks: Addr<Supervisor<DiskActor>>,
     pub pool_members: Addr<Supervisor<PoolMemberActor>>,
-    pub inbox: NodeInbox,
     pub runtime: Handle,
-    known_disks: Mutex<BTreeSet<String>>,
-    known_pools: Mutex<BTreeSet<String>>,
     /// The one pending wake-up: when, and its task.
     timer: Mutex<Option<(tokio::time::Instant, tokio::task::JoinHandle<()>)>>,
 }
 
 impl NodeParts {
-    #[allow(clippy::too_many_arguments)] // the node's parts, wired once in `serve`
     pub fn new(
-        name: &str,
-        (allow, sources): (AllowList, Sources),
-        inventory: Inventory,
-        pools: Arc<Pools>,
-        storage: StorageLock,
-        (disks, pool_members): (
-            Addr<Supervisor<DiskActor>>,
-            Addr<Supervisor<PoolMemberActor>>,
-        ),
-        inbox: NodeInbox,
+        setup: NodeSetup,
+        disks: Addr<Supervisor<DiskActor>>,
+        pool_members: Addr<Supervisor<PoolMemberActor>>,
         runtime: Handle,
     ) -> Self {
-        Self {
-            name: name.to_string(),
+        let NodeSetup {
+            name,
             allow,
             sources,
             inventory,
             pools,
             storage,
+            inbox,
+        } = setup;
+        Self {
+            writer: Arc::new(inventory.clone()),
+            name,
+            allow,
+            sources,
+            inventory,
+            pools,
+            storage,
+            inbox,
             disks,
             pool_members,
-            inbox,
             runtime,
-            known_disks: Mutex::default(),
-            known_pools: Mutex::default(),
             timer: Mutex::default(),
         }
     }
@@ -187,7 +200,7 @@ async fn look(node: &Arc<NodeParts>, cause: Cause) -> Result<(), String> {
             member.do_send(Event::new(SerialEvent::Request(request)));
         }
     }
-    forget(&node.pool_members, &node.known_pools, names).await;
+    retain(&node.pool_members, names).await;
     tracing::debug!(node = %node.name, cause, devices = observed.len(), "look done");
     Ok(())
 }
@@ -203,7 +216,6 @@ async fn tell_disks(node: &Arc<NodeParts>, devices: &[observe::Observed]) -> Res
     let now = Timestamp::now();
     let mut names: BTreeSet<String> = devices.iter().map(|device| device.name.clone()).collect();
     names.extend(existing.iter().map(ResourceExt::name_any));
-    let writer: Arc<dyn DiskWriter> = Arc::new(node.inventory.clone());
     let mut waits = Vec::new();
     for name in &names {
         let sighting = Sighting {
@@ -217,7 +229,7 @@ async fn tell_disks(node: &Arc<NodeParts>, devices: &[observe::Observed]) -> Res
         };
         let spec = MachineSpec {
             initial: DiskState::new(),
-            effects: DiskEffects::new(name, writer.clone(), node.runtime.clone()),
+            effects: DiskEffects::new(name, node.writer.clone(), node.runtime.clone()),
         };
         // None: the disk's actor waits out a back-off; the others go on.
         let Some(disk) = start(&node.disks, name, spec).await? else {
@@ -235,7 +247,7 @@ async fn tell_disks(node: &Arc<NodeParts>, devices: &[observe::Observed]) -> Res
     {
         tracing::warn!(node = %node.name, "the disks' writes did not end within {}s; going on", DISK_WRITES.as_secs());
     }
-    forget(&node.disks, &node.known_disks, names).await;
+    retain(&node.disks, names).await;
     Ok(())
 }
 
@@ -257,24 +269,15 @@ where
         .map_err(|error| format!("asking the actor tree for {key}: {error}"))
 }
 
-/// Stops the children that were known and are not in `current`, and remembers
-/// `current`.
-async fn forget<C: Child>(
-    supervisor: &Addr<Supervisor<C>>,
-    known: &Mutex<BTreeSet<String>>,
-    current: BTreeSet<String>,
-) {
-    let gone: Vec<String> = match known.lock() {
-        Ok(mut known) => {
-            let gone = known.difference(&current).cloned().collect();
-            *known = current;
-            gone
-        }
-        Err(_) => return,
-    };
-    for key in gone {
-        tracing::info!(actor = %key, "its object is gone; stopping its actor");
-        supervisor.do_send(StopChild { key });
+/// Stops the children of `supervisor` whose key is not in `current` (their object is
+/// gone).
+async fn retain<C: Child>(supervisor: &Addr<Supervisor<C>>, current: BTreeSet<String>) {
+    let stopped = supervisor
+        .send(RetainChildren { keys: current })
+        .await
+        .unwrap_or_default();
+    for key in stopped {
+        tracing::info!(actor = %key, "its object is gone; stopped its actor");
     }
 }
 
