@@ -313,7 +313,7 @@ impl Tree {
             .send(StartChild {
                 key: VOLUMES.to_string(),
                 spec: MachineSpec {
-                    initial: SerialState::new(),
+                    initial: SerialState::Idle,
                     effects: volume_effects,
                 },
             })

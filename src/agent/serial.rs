@@ -16,20 +16,13 @@ use castellan_actors::StateMachine;
 pub struct Serial<R, O>(PhantomData<fn() -> (R, O)>);
 
 #[derive(Clone, Debug, PartialEq)]
-pub enum SerialState<R, O> {
-    /// No pass runs; `last` is the latest outcome (none before the first pass).
-    Idle { last: Option<O> },
+pub enum SerialState<R> {
+    /// No pass runs.
+    Idle,
     /// A pass runs; `pending` is the request that came meanwhile, run next.
-    Running { pending: Option<R>, last: Option<O> },
+    Running { pending: Option<R> },
     /// The latest pass failed, with why: the actor stops and is restarted.
     Failed { reason: String },
-}
-
-impl<R, O> SerialState<R, O> {
-    /// The state an incarnation starts in.
-    pub const fn new() -> Self {
-        Self::Idle { last: None }
-    }
 }
 
 #[derive(Debug, PartialEq)]
@@ -53,7 +46,7 @@ where
     R: Clone + Debug + Unpin + Send + 'static,
     O: Clone + Debug + Unpin + Send + 'static,
 {
-    type State = SerialState<R, O>;
+    type State = SerialState<R>;
     type Event = SerialEvent<R, O>;
     type Effect = SerialEffect<R, O>;
 
@@ -62,39 +55,27 @@ where
         use SerialEvent::{Finished, Request};
         use SerialState::{Failed, Idle, Running};
         match (state, event) {
-            (Idle { last }, Request(request)) => (
-                Running {
-                    pending: None,
-                    last,
-                },
-                vec![Run(request)],
-            ),
+            (Idle, Request(request)) => (Running { pending: None }, vec![Run(request)]),
             // The newer request replaces the older: it carries the newer view.
-            (Running { last, .. }, Request(request)) => (
+            (Running { .. }, Request(request)) => (
                 Running {
                     pending: Some(request),
-                    last,
                 },
                 vec![],
             ),
-            (Running { pending, .. }, Finished(Ok(outcome))) => match pending {
-                None => (
-                    Idle {
-                        last: Some(outcome.clone()),
-                    },
-                    vec![Report(outcome)],
-                ),
-                Some(request) => (
-                    Running {
-                        pending: None,
-                        last: Some(outcome.clone()),
-                    },
-                    vec![Report(outcome), Run(request)],
-                ),
-            },
+            (Running { pending: None }, Finished(Ok(outcome))) => (Idle, vec![Report(outcome)]),
+            (
+                Running {
+                    pending: Some(request),
+                },
+                Finished(Ok(outcome)),
+            ) => (
+                Running { pending: None },
+                vec![Report(outcome), Run(request)],
+            ),
             (Running { .. }, Finished(Err(reason))) => (Failed { reason }, vec![]),
             // No pass runs: a late report of an earlier incarnation's pass.
-            (Idle { last }, Finished(_)) => (Idle { last }, vec![]),
+            (Idle, Finished(_)) => (Idle, vec![]),
             // Stopping for a restart: nothing more happens in this incarnation.
             (Failed { reason }, _) => (Failed { reason }, vec![]),
         }
@@ -122,7 +103,7 @@ mod tests {
     use super::*;
 
     type M = Serial<&'static str, u32>;
-    type S = SerialState<&'static str, u32>;
+    type S = SerialState<&'static str>;
 
     fn step(
         state: S,
@@ -133,59 +114,32 @@ mod tests {
 
     #[test]
     fn idle_request_runs_a_pass() {
-        let (state, effects) = step(S::new(), SerialEvent::Request("a"));
-        assert_eq!(
-            state,
-            S::Running {
-                pending: None,
-                last: None
-            }
-        );
+        let (state, effects) = step(S::Idle, SerialEvent::Request("a"));
+        assert_eq!(state, S::Running { pending: None });
         assert_eq!(effects, vec![SerialEffect::Run("a")]);
     }
 
     #[test]
     fn running_request_is_kept_the_latest_replacing_the_earlier() {
-        let running = S::Running {
-            pending: Some("a"),
-            last: Some(1),
-        };
+        let running = S::Running { pending: Some("a") };
         let (state, effects) = step(running, SerialEvent::Request("b"));
-        assert_eq!(
-            state,
-            S::Running {
-                pending: Some("b"),
-                last: Some(1)
-            }
-        );
+        assert_eq!(state, S::Running { pending: Some("b") });
         assert!(effects.is_empty());
     }
 
     #[test]
     fn running_finished_reports_and_goes_idle() {
-        let running = S::Running {
-            pending: None,
-            last: None,
-        };
+        let running = S::Running { pending: None };
         let (state, effects) = step(running, SerialEvent::Finished(Ok(7)));
-        assert_eq!(state, S::Idle { last: Some(7) });
+        assert_eq!(state, S::Idle);
         assert_eq!(effects, vec![SerialEffect::Report(7)]);
     }
 
     #[test]
     fn running_finished_with_a_pending_request_reports_and_runs_it() {
-        let running = S::Running {
-            pending: Some("b"),
-            last: None,
-        };
+        let running = S::Running { pending: Some("b") };
         let (state, effects) = step(running, SerialEvent::Finished(Ok(7)));
-        assert_eq!(
-            state,
-            S::Running {
-                pending: None,
-                last: Some(7)
-            }
-        );
+        assert_eq!(state, S::Running { pending: None });
         assert_eq!(
             effects,
             vec![SerialEffect::Report(7), SerialEffect::Run("b")]
@@ -194,10 +148,7 @@ mod tests {
 
     #[test]
     fn running_failed_is_a_failure_of_the_actor() {
-        let running = S::Running {
-            pending: Some("b"),
-            last: Some(1),
-        };
+        let running = S::Running { pending: Some("b") };
         let (state, effects) = step(running, SerialEvent::Finished(Err("no disk".into())));
         assert_eq!(
             state,
@@ -207,13 +158,13 @@ mod tests {
         );
         assert!(effects.is_empty());
         assert_eq!(M::failure(&state).as_deref(), Some("no disk"));
-        assert_eq!(M::failure(&S::new()), None);
+        assert_eq!(M::failure(&S::Idle), None);
     }
 
     #[test]
     fn idle_finished_is_a_stale_report_and_ignored() {
-        let (state, effects) = step(S::Idle { last: Some(1) }, SerialEvent::Finished(Ok(2)));
-        assert_eq!(state, S::Idle { last: Some(1) });
+        let (state, effects) = step(S::Idle, SerialEvent::Finished(Ok(2)));
+        assert_eq!(state, S::Idle);
         assert!(effects.is_empty());
     }
 

@@ -182,7 +182,7 @@ async fn look(node: &Arc<NodeParts>, cause: Cause) -> Result<(), String> {
         let key = pool.name_any();
         names.insert(key.clone());
         let spec = MachineSpec {
-            initial: SerialState::new(),
+            initial: SerialState::Idle,
             effects: PoolMemberEffects::new(
                 &key,
                 node.pools.clone(),

@@ -11,8 +11,8 @@ use castellan_actors::{ChildFailing, Effects, Event, MachineActor};
 use castellan_crds::storage_pool::StoragePool;
 use tokio::runtime::Handle;
 
-use super::shell::{Labels, Pass, Pools};
-use crate::agent::children::{Ask, NodeInbox, run_pass};
+use super::shell::{Labels, Pools};
+use crate::agent::children::{Ask, Next, NodeInbox, run_pass};
 use crate::agent::disk::observe::Observed;
 use crate::agent::serial::{Serial, SerialEffect};
 
@@ -24,7 +24,7 @@ pub struct PoolRequest {
     pub observed: Arc<Vec<Observed>>,
 }
 
-pub type PoolMemberMachine = Serial<PoolRequest, Pass>;
+pub type PoolMemberMachine = Serial<PoolRequest, Next>;
 pub type PoolMemberActor = MachineActor<PoolMemberMachine, PoolMemberEffects>;
 
 /// Executes a `PoolMemberActor`'s effects.
@@ -50,7 +50,7 @@ impl PoolMemberEffects {
 impl Effects<PoolMemberMachine> for PoolMemberEffects {
     fn execute(
         &mut self,
-        effect: SerialEffect<PoolRequest, Pass>,
+        effect: SerialEffect<PoolRequest, Next>,
         events: &Recipient<Event<PoolMemberMachine>>,
     ) {
         match effect {
@@ -70,10 +70,9 @@ impl Effects<PoolMemberMachine> for PoolMemberEffects {
                     events,
                 );
             }
-            SerialEffect::Report(pass) => {
-                tracing::debug!(pool = %self.pool, phase = ?pass.phase, next = ?pass.next, "pool pass done");
+            SerialEffect::Report(next) => {
                 // A closed inbox: the agent is stopping.
-                let _ = self.node.send(Ask::Next(pass.next));
+                let _ = self.node.send(Ask::Next(next));
             }
         }
     }

@@ -81,28 +81,6 @@ pub enum PoolsError {
 /// A Node's labels.
 pub type Labels = BTreeMap<String, String>;
 
-/// What one pass over one pool did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pass {
-    /// What the node's actor should do next.
-    pub next: Next,
-    pub phase: PassPhase,
-}
-
-/// Where this node's part of a pool is after a pass.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PassPhase {
-    /// Built (or being built): the node's `health` as reported (`Healthy`,
-    /// `Degraded`, `Pending`, `Failed`).
-    Member(Option<String>),
-    /// The pool's spec cannot be applied (its selector), with why.
-    Invalid(String),
-    /// The pool no longer selects this node; its entry is gone, its data kept.
-    Left,
-    /// The pool is being deleted: this node's part is released.
-    Deleting,
-}
-
 /// How often a running replacement or scrub is looked at.
 const BACKGROUND_LOOK: Duration = Duration::from_secs(2);
 
@@ -191,42 +169,28 @@ impl Pools {
         pool: &StoragePool,
         labels: &Labels,
         observed: &[Observed],
-    ) -> Result<Pass, PoolsError> {
+    ) -> Result<Next, PoolsError> {
         let _storage = self.storage.lock().await;
         if pool.metadata.deletion_timestamp.is_some() {
-            let next = self.delete(pool, observed).await?;
-            return Ok(Pass {
-                next,
-                phase: PassPhase::Deleting,
-            });
+            return self.delete(pool, observed).await;
         }
         match claim::selects_node(pool.spec.node_selector.as_ref(), labels) {
             Ok(false) => {
                 self.leave(pool).await?;
-                return Ok(Pass {
-                    next: Next::default(),
-                    phase: PassPhase::Left,
-                });
+                return Ok(Next::default());
             }
             Ok(true) => {}
             Err(error) => {
-                let message = format!("the pool's spec: {error}");
-                let status = failed_status(&self.node, message.clone());
+                let status = failed_status(&self.node, format!("the pool's spec: {error}"));
                 self.apply_node_status(pool, &status).await?;
-                return Ok(Pass {
-                    next: Next::default(),
-                    phase: PassPhase::Invalid(message),
-                });
+                return Ok(Next::default());
             }
         }
         let devices = self.devices().await?;
-        let (look_in, health) = self.reconcile_pool(pool, observed, &devices).await?;
-        Ok(Pass {
-            next: Next {
-                look_in,
-                ..Next::default()
-            },
-            phase: PassPhase::Member(health),
+        let look_in = self.reconcile_pool(pool, observed, &devices).await?;
+        Ok(Next {
+            look_in,
+            ..Next::default()
         })
     }
 
@@ -544,7 +508,7 @@ impl Pools {
         pool: &StoragePool,
         observed: &[Observed],
         devices: &[BlockDevice],
-    ) -> Result<(Option<Duration>, Option<String>), PoolsError> {
+    ) -> Result<Option<Duration>, PoolsError> {
         let name = pool.name_any();
         if !pool.finalizers().iter().any(|f| f == deletion::FINALIZER) {
             // Before anything is built: a pool deleted later must be released first.
@@ -588,10 +552,7 @@ impl Pools {
             Ok(decision) => decision,
             Err(error) => {
                 let status = failed_status(&self.node, format!("the pool's spec: {error}"));
-                return self
-                    .apply_node_status(pool, &status)
-                    .await
-                    .map(|()| (None, status.health.clone()));
+                return self.apply_node_status(pool, &status).await.map(|()| None);
             }
         };
         let missing_paths: Vec<(String, String)> = decision
@@ -846,11 +807,10 @@ impl Pools {
                 message,
             });
         }
-        let look_in = [look_in, background, scrub_look]
+        Ok([look_in, background, scrub_look]
             .into_iter()
             .flatten()
-            .min();
-        Ok((look_in, status.health))
+            .min())
     }
 
     /// The node's scrub of `pool` (see `scrub`): its status, started when due and
