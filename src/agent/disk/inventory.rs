@@ -11,14 +11,15 @@
 //! `status.state`/`status.message` only while the state is its own (`Unclaimed`,
 //! `Missing`, or none yet). Once a pool has set `Claimed`, `InUse` or `Failed`, the
 //! agent leaves state and message to it, except to mark the disk `Missing` when it is
-//! gone. It never writes `status.pool` or conditions.
+//! gone. It never writes `status.pool`; its one condition, `Degraded` while a disk's actor
+//! keeps failing (`set_degraded`), is applied under the supervisor's own field manager.
 
 use std::collections::BTreeMap;
 
 use castellan_crds::block_device::{
     BlockDevice, BlockDeviceSpec, BlockDeviceState, BlockDeviceStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -28,6 +29,13 @@ use super::observe::Observed;
 
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "castellan-agent";
+/// The condition a supervisor sets on a disk whose actor keeps failing.
+pub const DEGRADED: &str = "Degraded";
+/// Field manager of the `Degraded` condition a failing disk actor gets (and loses):
+/// the supervisor's, so that the inventory's and the pools' writes never touch it.
+pub fn supervisor_manager(node: &str) -> String {
+    format!("castellan-agent-supervisor/{node}")
+}
 /// Label naming the node a `BlockDevice` is on, to list one node's objects.
 pub const NODE_LABEL: &str = "castellan.io/node";
 /// `status.lastSeen` of an attached disk is refreshed at most this often, so an idle
@@ -171,10 +179,6 @@ impl Inventory {
         &self.node
     }
 
-    pub(super) fn api(&self) -> &Api<BlockDevice> {
-        &self.api
-    }
-
     /// The node's objects as the API server has them now.
     pub async fn existing(&self) -> Result<Vec<BlockDevice>, InventoryError> {
         let selector = format!("{NODE_LABEL}={}", self.node);
@@ -186,6 +190,41 @@ impl Inventory {
                 node: self.node.clone(),
                 source,
             })
+    }
+
+    /// Sets (`Some(message)`) or removes (`None`) the `Degraded` condition a failing
+    /// disk actor gets, under the supervisor's own field manager: the inventory's and
+    /// the pools' writes never touch it, and applying no condition removes it.
+    pub async fn set_degraded(
+        &self,
+        device: &str,
+        message: Option<&str>,
+    ) -> Result<(), kube::Error> {
+        let conditions: Vec<Condition> = message
+            .map(|message| Condition {
+                type_: DEGRADED.into(),
+                status: "True".into(),
+                reason: "ActorFailing".into(),
+                message: message.to_string(),
+                last_transition_time: Time(Timestamp::now()),
+                observed_generation: None,
+            })
+            .into_iter()
+            .collect();
+        let object = json!({
+            "apiVersion": "castellan.io/v1alpha1",
+            "kind": "BlockDevice",
+            "metadata": { "name": device },
+            "status": { "conditions": conditions },
+        });
+        self.api
+            .patch_status(
+                device,
+                &PatchParams::apply(&supervisor_manager(&self.node)).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map(drop)
     }
 
     /// Makes one write of the plan to the object, whose `metadata.generation` was

@@ -16,11 +16,8 @@ use castellan_actors::StateMachine;
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState};
 use k8s_openapi::jiff::Timestamp;
 
-use super::inventory::{self, Write};
+use super::inventory::{self, DEGRADED, Write};
 use super::observe::Observed;
-
-/// The condition a supervisor sets on a disk whose actor keeps failing.
-pub const DEGRADED: &str = "Degraded";
 
 /// Where a disk is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,24 +9,16 @@ use actix::prelude::*;
 use castellan_actors::{ChildFailing, Effects, Event, MachineActor};
 use castellan_crds::block_device::BlockDevice;
 use futures::future::BoxFuture;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
-use serde_json::json;
 use tracing::Instrument;
 
 use super::inventory::{Inventory, Write};
-use super::machine::{DEGRADED, DiskEffect, DiskEvent, DiskMachine};
+use super::machine::{DiskEffect, DiskEvent, DiskMachine};
 use crate::agent::children::contained;
 
 pub type DiskActor = MachineActor<DiskMachine, DiskEffects>;
-
-/// Field manager of the `Degraded` condition a failing disk actor gets (and loses).
-pub fn supervisor_manager(node: &str) -> String {
-    format!("castellan-agent-supervisor/{node}")
-}
 
 /// Makes a disk's writes.
 pub trait DiskWriter: Send + Sync + 'static {
@@ -132,43 +124,6 @@ impl Effects<DiskMachine> for DiskEffects {
                 });
             }
         }
-    }
-}
-
-impl Inventory {
-    /// Sets (`Some(message)`) or removes (`None`) the `Degraded` condition a failing
-    /// disk actor gets, under the supervisor's own field manager: the inventory's and
-    /// the pools' writes never touch it, and applying no condition removes it.
-    pub async fn set_degraded(
-        &self,
-        device: &str,
-        message: Option<&str>,
-    ) -> Result<(), kube::Error> {
-        let conditions: Vec<Condition> = message
-            .map(|message| Condition {
-                type_: DEGRADED.into(),
-                status: "True".into(),
-                reason: "ActorFailing".into(),
-                message: message.to_string(),
-                last_transition_time: Time(Timestamp::now()),
-                observed_generation: None,
-            })
-            .into_iter()
-            .collect();
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "BlockDevice",
-            "metadata": { "name": device },
-            "status": { "conditions": conditions },
-        });
-        self.api()
-            .patch_status(
-                device,
-                &PatchParams::apply(&supervisor_manager(self.node())).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
     }
 }
 
@@ -296,7 +251,7 @@ mod tests {
                     node: "n1".into(),
                     observed: Some(observed_named(name, None)),
                     object: None,
-                    now: Timestamp::now(),
+                    now: k8s_openapi::jiff::Timestamp::now(),
                 };
                 disk.do_send(Event::new(DiskEvent::Seen(Box::new(sighting), Done(done))));
                 waits.push(wait);
