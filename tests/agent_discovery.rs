@@ -683,7 +683,7 @@ async fn a_disk_whose_writes_fail_is_reported_degraded_while_the_others_go_on_an
     );
     // Never written by the agent: no state, no lastSeen.
     assert_eq!(state(&faulty_object), None);
-    let warning = events_about(&faulty_object.name_any(), "Degraded");
+    let warning = support::cluster::events_about("", &faulty_object.name_any(), "Degraded");
     assert!(warning.contains("failed 5 times in a row"), "{warning}");
     // The other disk's object was kept current meanwhile (attached after the agent
     // started, so written by a look while the faulty actor was failing).
@@ -717,26 +717,4 @@ async fn a_disk_whose_writes_fail_is_reported_degraded_while_the_others_go_on_an
         "writes admitted -> Unclaimed, Degraded cleared after {:.1} s",
         recovered.elapsed().as_secs_f64()
     );
-}
-
-/// The messages of the Events with `reason` about object `name` (any namespace: a
-/// cluster-scoped object's Events land in `default`), once there is one (10 s at most).
-fn events_about(name: &str, reason: &str) -> String {
-    let selector = format!("involvedObject.name={name},reason={reason}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let messages = support::kubectl_ok(&[
-            "get",
-            "events",
-            "-A",
-            "--field-selector",
-            &selector,
-            "-o",
-            "jsonpath={.items[*].message}",
-        ]);
-        if !messages.trim().is_empty() || Instant::now() > deadline {
-            return messages;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }

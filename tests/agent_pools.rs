@@ -10,7 +10,7 @@
 
 mod support;
 
-use support::cluster::Operator;
+use support::cluster::{Operator, events_about};
 use support::disks::{Loops, MIB, Unmount, mounts_under, run, sparse_file, write_ext4, write_gpt};
 use support::otel::{Receiver, spans};
 
@@ -1580,34 +1580,6 @@ async fn wait_claim_health(
             claim.metadata.annotations
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The messages of Events with `reason` about object `name`, in `namespace` (every
-/// namespace when empty: a pool's Events land in `default`), once there is one.
-fn events_about(namespace: &str, name: &str, reason: &str) -> String {
-    let scope = if namespace.is_empty() {
-        vec!["-A"]
-    } else {
-        vec!["-n", namespace]
-    };
-    let selector = format!("involvedObject.name={name},reason={reason}");
-    let mut args = vec!["get", "events"];
-    args.extend(scope);
-    args.extend([
-        "--field-selector",
-        &selector,
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
-    // An Event may be recorded a moment after the change it reports: 10 s at most.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let messages = support::kubectl_ok(&args);
-        if !messages.trim().is_empty() || Instant::now() > deadline {
-            return messages;
-        }
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -360,6 +360,34 @@ pub fn events_with(namespace: &str, reason: &str, needle: &str) -> String {
     }
 }
 
+/// The messages of Events with `reason` about object `name`, in `namespace` (every
+/// namespace when empty: a pool's Events land in `default`), once there is one.
+pub fn events_about(namespace: &str, name: &str, reason: &str) -> String {
+    let scope = if namespace.is_empty() {
+        vec!["-A"]
+    } else {
+        vec!["-n", namespace]
+    };
+    let selector = format!("involvedObject.name={name},reason={reason}");
+    let mut args = vec!["get", "events"];
+    args.extend(scope);
+    args.extend([
+        "--field-selector",
+        &selector,
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    // An Event may be recorded a moment after the change it reports: 10 s at most.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let messages = kubectl_ok(&args);
+        if !messages.trim().is_empty() || Instant::now() > deadline {
+            return messages;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `phase/readyInstances` of a cluster, e.g. `Ready/3`.
 pub fn phase_and_ready(namespace: &str, name: &str) -> String {
     jsonpath(
