@@ -917,11 +917,11 @@ async fn a_mkfs_that_fails_halfway_does_not_wedge_the_pool() {
 /// quota) under it.
 #[tokio::test]
 async fn a_pools_creation_is_a_trace() {
-    let receiver = Receiver::start(47401);
+    let receiver = Receiver::start(25410);
     let mut setup = OneNode::new("traced", 5).await;
     setup.disk("traced.img");
     setup.start_agent(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:47401"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:25410"),
         // Exported within half a second: the agent is killed, not stopped.
         ("OTEL_BSP_SCHEDULE_DELAY", "500"),
     ]);

@@ -17,7 +17,7 @@ use support::otel::{Receiver, Span, spans};
 use support::{TestNamespace, client};
 
 const OPERATOR: &str = "127.0.64.1:8080";
-const RECEIVER_PORT: u16 = 47400;
+const RECEIVER_PORT: u16 = 25400;
 
 /// The chain from an instance manager's request span up to its trace's root, if that
 /// chain is complete, crosses from the instance manager into the operator, and goes

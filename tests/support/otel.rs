@@ -14,8 +14,10 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// Starts one listening for OTLP/HTTP on `port` of 127.0.0.1 (each test binary its
-    /// own port: they run side by side).
+    /// Starts one listening for OTLP/HTTP on `port` and OTLP/gRPC on `port + 1` of
+    /// 127.0.0.1. Each test binary has its own pair, as they run side by side: 25400
+    /// `tracing`, 25410 `agent_pools`. Below 32768, so that no outgoing connection's
+    /// ephemeral port can hold one first (a CI run failed on 47400 that way).
     pub fn start(port: u16) -> Self {
         let dir = std::env::temp_dir().join(format!("otel-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
