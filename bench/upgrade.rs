@@ -252,7 +252,7 @@ fn print_events(events: &[(f64, String, String)], reasons: &[&str]) {
     }
 }
 
-/// The upgrade pod's log lines (JSON, as `castellan upgrade run` writes them) as
+/// The upgrade pod's log lines (flat JSON, as `castellan upgrade run` writes them) as
 /// `(seconds after since, message)`: when each step began.
 fn upgrade_steps(log: &str, since: SystemTime) -> Vec<(f64, String)> {
     let since = jiff::Timestamp::try_from(since).expect("a time after 1970");
@@ -260,10 +260,9 @@ fn upgrade_steps(log: &str, since: SystemTime) -> Vec<(f64, String)> {
         .filter_map(|line| {
             let line: serde_json::Value = serde_json::from_str(line).ok()?;
             let time: jiff::Timestamp = line["timestamp"].as_str()?.parse().ok()?;
-            let fields = &line["fields"];
-            let mut message = fields["message"].as_str()?.to_owned();
+            let mut message = line["message"].as_str()?.to_owned();
             for detail in ["check", "method", "checksums"] {
-                if let Some(value) = fields.get(detail) {
+                if let Some(value) = line.get(detail) {
                     message.push_str(&format!(" {detail}={value}"));
                 }
             }

@@ -79,14 +79,21 @@ fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match Cli::parse().command {
         Command::Instance(args) => {
-            let _telemetry = telemetry::init("castellan-instance");
+            let _telemetry = telemetry::init(
+                "castellan-instance",
+                args.log.log_format,
+                &[
+                    ("cluster", args.cluster_name.clone()),
+                    ("instance", args.instance_name.clone()),
+                ],
+            );
             tokio::runtime::Runtime::new()
                 .context("starting the async runtime")?
                 .block_on(instance::run(*args))
         }
         Command::Agent(args) => agent::run(args),
         Command::Operator(args) => {
-            let _telemetry = telemetry::init("castellan-operator");
+            let _telemetry = telemetry::init("castellan-operator", args.log.log_format, &[]);
             tokio::runtime::Runtime::new()
                 .context("starting the async runtime")?
                 .block_on(operator::run(args))

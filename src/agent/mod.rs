@@ -82,26 +82,17 @@ pub struct AgentArgs {
     /// triggers a look.
     #[arg(long, default_value_t = 5)]
     pub pool_poll_seconds: u64,
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-}
-
-/// How the agent writes its logs (on stderr).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line, for log collectors.
-    Json,
+    #[command(flatten)]
+    pub log: crate::telemetry::LogArgs,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     // Logs as the flag says; traces over OTLP as the operator's (crate::telemetry).
-    let _telemetry = crate::telemetry::init_with(
+    let _telemetry = crate::telemetry::init(
         "castellan-agent",
-        matches!(args.log_format, LogFormat::Json),
+        args.log.log_format,
+        &[("node", args.node_name.clone())],
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -136,6 +136,8 @@ pub struct InstanceArgs {
     /// File holding the application owner's password.
     #[arg(long, env = "CASTELLAN_APP_PASSWORD_FILE")]
     pub app_password_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub log: crate::telemetry::LogArgs,
     /// JSON object of server parameters (from the DatabaseCluster spec).
     #[arg(long, env = "CASTELLAN_PARAMETERS", default_value = "{}")]
     pub parameters: String,

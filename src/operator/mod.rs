@@ -85,6 +85,8 @@ pub struct OperatorArgs {
         default_value = "127.0.0.1:8080"
     )]
     pub metrics_address: std::net::SocketAddr,
+    #[command(flatten)]
+    pub log: crate::telemetry::LogArgs,
     /// Manage only the clusters of this namespace (default: every namespace).
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,

@@ -109,7 +109,8 @@ pub fn main(args: UpgradeArgs) -> i32 {
     let step = args.command.name();
     let report = {
         // Dropped (traces flushed, which may print) before the report is printed.
-        let _telemetry = crate::telemetry::init("castellan-upgrade");
+        let _telemetry =
+            crate::telemetry::init("castellan-upgrade", crate::telemetry::LogFormat::Json, &[]);
         let report = match tokio::runtime::Runtime::new() {
             Ok(runtime) => {
                 let span = tracing::info_span!("upgrade", step);
