@@ -4,8 +4,13 @@
 //! server of the instance manager and the agent. What each process measures lives
 //! with that process; this module only writes and serves it.
 
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
+use axum::routing::get;
 use prometheus_client::registry::Registry;
 
 /// The content type of [`encode`]'s text.
@@ -30,6 +35,27 @@ pub fn encode(registries: &[&Registry]) -> String {
 /// A `/metrics` response of `text`.
 pub fn response(text: String) -> impl IntoResponse {
     ([(CONTENT_TYPE, OPENMETRICS)], text)
+}
+
+/// Serves `/metrics` on `listener`, plain HTTP, answering each scrape with what
+/// `render` returns, until the process ends.
+pub async fn serve<F, R>(listener: tokio::net::TcpListener, render: R)
+where
+    R: Fn() -> F + Send + Sync + 'static,
+    F: Future<Output = String> + Send + 'static,
+{
+    let render = Arc::new(render);
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let render = render.clone();
+            async move { response(render().await) }
+        }),
+    );
+    let address = listener.local_addr().ok();
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::error!(?address, %error, "the /metrics server stopped");
+    }
 }
 
 #[cfg(test)]
