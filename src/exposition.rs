@@ -16,8 +16,9 @@ use prometheus_client::registry::Registry;
 /// The content type of [`encode`]'s text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The registries as one OpenMetrics exposition (several, so that metrics read at
-/// scrape time can sit beside long-lived counters without being registered for good).
+/// The registries as one OpenMetrics exposition: several, so that metrics read at
+/// scrape time can sit beside long-lived counters without being registered for good.
+/// (Help texts are given without a final full stop: prometheus-client adds one.)
 pub fn encode(registries: &[&Registry]) -> String {
     let mut text = String::new();
     // Writing into a String cannot fail; an encoder error would be a bug in a metric
@@ -68,13 +69,14 @@ mod tests {
         let (mut first, mut second) = (Registry::default(), Registry::default());
         let (up, down): (Gauge, Gauge) = (Gauge::default(), Gauge::default());
         up.set(1);
-        first.register("castellan_first", "First.", up);
-        second.register("castellan_second", "Second.", down);
+        first.register("castellan_first", "First", up);
+        second.register("castellan_second", "Second", down);
         let text = encode(&[&first, &second]);
         let first_at = text.find("castellan_first 1").expect("first");
         let second_at = text.find("castellan_second 0").expect("second");
         assert!(first_at < second_at);
         assert_eq!(text.matches("# EOF").count(), 1);
         assert!(text.ends_with("# EOF\n"));
+        assert!(text.contains("# HELP castellan_first First.\n"), "{text}");
     }
 }

@@ -318,12 +318,12 @@ pub fn render(cluster: &str, snapshot: Option<&Snapshot>, took: Duration) -> Reg
     let mut m = Metrics(Registry::with_labels(labels.into_iter()));
     m.gauge(
         "castellan_pg_up",
-        "Whether PostgreSQL answered this scrape.",
+        "Whether PostgreSQL answered this scrape",
         flag(snapshot.is_some()),
     );
     m.gauge(
         "castellan_pg_scrape_duration_seconds",
-        "How long reading PostgreSQL took.",
+        "How long reading PostgreSQL took",
         took.as_secs_f64(),
     );
     let Some(s) = snapshot else {
@@ -331,7 +331,7 @@ pub fn render(cluster: &str, snapshot: Option<&Snapshot>, took: Duration) -> Reg
     };
     m.gauges(
         "castellan_pg_role",
-        "The role the server runs in: 1 for its role, 0 for the other.",
+        "The role the server runs in: 1 for its role, 0 for the other",
         [
             (vec![("role", "primary".to_owned())], flag(!s.in_recovery)),
             (vec![("role", "replica".to_owned())], flag(s.in_recovery)),
@@ -339,51 +339,51 @@ pub fn render(cluster: &str, snapshot: Option<&Snapshot>, took: Duration) -> Reg
     );
     m.gauge(
         "castellan_pg_replication_in_recovery",
-        "Whether the server is in recovery (a replica).",
+        "Whether the server is in recovery (a replica)",
         flag(s.in_recovery),
     );
     m.gauge(
         "castellan_pg_settings_max_connections",
-        "max_connections.",
+        "max_connections",
         s.max_connections as f64,
     );
     m.optional_gauge(
         "castellan_pg_current_wal_lsn_bytes",
-        "Primary: the current WAL write position, in bytes.",
+        "Primary: the current WAL write position, in bytes",
         s.current_wal_lsn,
     );
     if s.in_recovery {
         m.optional_gauge(
             "castellan_pg_last_wal_receive_lsn_bytes",
-            "Replica: WAL received and flushed, in bytes.",
+            "Replica: WAL received and flushed, in bytes",
             s.receive_lsn,
         );
         m.optional_gauge(
             "castellan_pg_last_wal_replay_lsn_bytes",
-            "Replica: WAL replayed, in bytes.",
+            "Replica: WAL replayed, in bytes",
             s.replay_lsn,
         );
         m.optional_gauge(
             "castellan_pg_replication_lag_seconds",
-            "Replica: age of the last replayed transaction, 0 when all received WAL is replayed.",
+            "Replica: age of the last replayed transaction, 0 when all received WAL is replayed",
             s.lag_seconds,
         );
         if let (Some(receive), Some(replay)) = (s.receive_lsn, s.replay_lsn) {
             m.gauge(
                 "castellan_pg_replication_replay_lag_bytes",
-                "Replica: WAL received but not yet replayed.",
+                "Replica: WAL received but not yet replayed",
                 (receive - replay).max(0.0),
             );
         }
         m.gauge(
             "castellan_pg_replication_is_wal_receiver_up",
-            "Replica: whether its WAL receiver streams.",
+            "Replica: whether its WAL receiver streams",
             flag(s.wal_receiver_up),
         );
     } else {
         m.gauge(
             "castellan_pg_replication_streaming_replicas",
-            "Primary: standbys connected.",
+            "Primary: standbys connected",
             s.standbys.len() as f64,
         );
     }
@@ -397,42 +397,42 @@ pub fn render(cluster: &str, snapshot: Option<&Snapshot>, took: Duration) -> Reg
     for (name, help, value) in [
         (
             "castellan_pg_stat_replication_sent_diff_bytes",
-            "Primary: WAL not yet sent to the standby.",
+            "Primary: WAL not yet sent to the standby",
             (|r: &StandbyRow| r.sent_diff) as fn(&StandbyRow) -> Option<f64>,
         ),
         (
             "castellan_pg_stat_replication_write_diff_bytes",
-            "Primary: WAL not yet written by the standby.",
+            "Primary: WAL not yet written by the standby",
             |r| r.write_diff,
         ),
         (
             "castellan_pg_stat_replication_flush_diff_bytes",
-            "Primary: WAL not yet flushed by the standby.",
+            "Primary: WAL not yet flushed by the standby",
             |r| r.flush_diff,
         ),
         (
             "castellan_pg_stat_replication_replay_diff_bytes",
-            "Primary: WAL not yet replayed by the standby.",
+            "Primary: WAL not yet replayed by the standby",
             |r| r.replay_diff,
         ),
         (
             "castellan_pg_stat_replication_write_lag_seconds",
-            "Primary: the standby's write_lag.",
+            "Primary: the standby's write_lag",
             |r| r.write_lag,
         ),
         (
             "castellan_pg_stat_replication_flush_lag_seconds",
-            "Primary: the standby's flush_lag.",
+            "Primary: the standby's flush_lag",
             |r| r.flush_lag,
         ),
         (
             "castellan_pg_stat_replication_replay_lag_seconds",
-            "Primary: the standby's replay_lag.",
+            "Primary: the standby's replay_lag",
             |r| r.replay_lag,
         ),
         (
             "castellan_pg_stat_replication_synchronous",
-            "Primary: whether the standby counts for synchronous commit.",
+            "Primary: whether the standby counts for synchronous commit",
             |r| Some(flag(r.synchronous)),
         ),
     ] {
@@ -440,27 +440,27 @@ pub fn render(cluster: &str, snapshot: Option<&Snapshot>, took: Duration) -> Reg
     }
     m.counter(
         "castellan_pg_stat_archiver_archived",
-        "WAL files archived.",
+        "WAL files archived",
         s.archiver.archived,
     );
     m.counter(
         "castellan_pg_stat_archiver_failed",
-        "Failed attempts to archive WAL files.",
+        "Failed attempts to archive WAL files",
         s.archiver.failed,
     );
     m.optional_gauge(
         "castellan_pg_stat_archiver_last_archived_timestamp_seconds",
-        "When the last WAL file was archived (Unix time).",
+        "When the last WAL file was archived (Unix time)",
         s.archiver.last_archived,
     );
     m.optional_gauge(
         "castellan_pg_stat_archiver_last_failed_timestamp_seconds",
-        "When archiving last failed (Unix time).",
+        "When archiving last failed (Unix time)",
         s.archiver.last_failed,
     );
     m.gauges(
         "castellan_pg_stat_activity_count",
-        "Client backends by database and state.",
+        "Client backends by database and state",
         s.connections.iter().map(|row| {
             (
                 vec![
@@ -474,17 +474,17 @@ pub fn render(cluster: &str, snapshot: Option<&Snapshot>, took: Duration) -> Reg
     let database = |row: &DatabaseRow| vec![("datname", row.name.clone())];
     m.counters(
         "castellan_pg_stat_database_xact_commit",
-        "Transactions committed.",
+        "Transactions committed",
         s.databases.iter().map(|row| (database(row), row.commits)),
     );
     m.counters(
         "castellan_pg_stat_database_xact_rollback",
-        "Transactions rolled back.",
+        "Transactions rolled back",
         s.databases.iter().map(|row| (database(row), row.rollbacks)),
     );
     m.gauges(
         "castellan_pg_database_size_bytes",
-        "Size of each database.",
+        "Size of each database",
         s.databases
             .iter()
             .map(|row| (database(row), row.size_bytes as f64)),
@@ -492,12 +492,12 @@ pub fn render(cluster: &str, snapshot: Option<&Snapshot>, took: Duration) -> Reg
     let slot = |row: &SlotRow| vec![("slot_name", row.name.clone())];
     m.gauges(
         "castellan_pg_replication_slots_active",
-        "Whether a standby uses the slot.",
+        "Whether a standby uses the slot",
         s.slots.iter().map(|row| (slot(row), flag(row.active))),
     );
     m.gauges(
         "castellan_pg_replication_slots_retained_bytes",
-        "WAL the slot holds back.",
+        "WAL the slot holds back",
         s.slots
             .iter()
             .filter_map(|row| row.retained_bytes.map(|b| (slot(row), b))),

@@ -79,42 +79,42 @@ impl Default for Metrics {
         // registered with one.
         registry.register(
             "castellan_leader",
-            "Whether this operator replica holds the leader Lease (and acts).",
+            "Whether this operator replica holds the leader Lease (and acts)",
             metrics.leader.clone(),
         );
         registry.register(
             "castellan_reconciles",
-            "Reconciles run, by controller (cluster: a pass over a DatabaseCluster).",
+            "Reconciles run, by controller (cluster: a pass over a DatabaseCluster)",
             metrics.reconciles.clone(),
         );
         registry.register(
             "castellan_reconcile_errors",
-            "Reconciles that failed and will be retried, by controller.",
+            "Reconciles that failed and will be retried, by controller",
             metrics.reconcile_errors.clone(),
         );
         registry.register(
             "castellan_reconcile_duration_seconds",
-            "How long reconciles took, by controller.",
+            "How long reconciles took, by controller",
             metrics.reconcile_durations.clone(),
         );
         registry.register(
             "castellan_reconciles_in_flight",
-            "Reconciles running now, by controller (cluster: clusters whose pass is under way).",
+            "Reconciles running now, by controller (cluster: clusters whose pass is under way)",
             metrics.in_flight.clone(),
         );
         registry.register(
             "castellan_actor_restarts",
-            "Actors restarted by their supervisor after a failure or panic.",
+            "Actors restarted by their supervisor after a failure or panic",
             metrics.actor_restarts.clone(),
         );
         registry.register(
             "castellan_actor_failing",
-            "Actors that failed too often in a row: restarts pause, the resource turns Degraded.",
+            "Actors that failed too often in a row: restarts pause, the resource turns Degraded",
             metrics.actor_failing.clone(),
         );
         registry.register(
             "castellan_instances_created",
-            "Database instance pods created.",
+            "Database instance pods created",
             metrics.instances_created.clone(),
         );
         Self {
@@ -260,12 +260,12 @@ fn register_backup_times(
     }
     registry.register(
         "castellan_backup_last_completed_timestamp_seconds",
-        "End of the newest Completed Backup of the cluster (Unix time).",
+        "End of the newest Completed Backup of the cluster (Unix time)",
         completed,
     );
     registry.register(
         "castellan_backup_last_verified_timestamp_seconds",
-        "When the newest restore verification of one of the cluster's Backups finished.",
+        "When the newest restore verification of one of the cluster's Backups finished",
         verified,
     );
 }
