@@ -148,8 +148,16 @@ pub fn render(node: &str, snapshot: &Snapshot) -> Registry {
             labels.push(("health", word.to_owned()));
             health.push((labels, if word == current { 1.0 } else { 0.0 }));
         }
-        let mut by_state: BTreeMap<&str, f64> =
-            [("Online", 0.0), ("Missing", 0.0), ("Failed", 0.0)].into();
+        // The states the pool machine writes (pool/machine.rs), each with a series so
+        // that an alert on one of them has a 0 to compare with.
+        let mut by_state: BTreeMap<&str, f64> = [
+            ("Online", 0.0),
+            ("Failing", 0.0),
+            ("Replacing", 0.0),
+            ("Missing", 0.0),
+            ("Failed", 0.0),
+        ]
+        .into();
         for disk in &here.disks {
             *by_state
                 .entry(disk.state.as_deref().unwrap_or("Online"))

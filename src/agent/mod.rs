@@ -186,7 +186,9 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     );
     let serving_metrics = match tokio::net::TcpListener::bind(metrics_address).await {
         Ok(listener) => {
-            tracing::info!(address = %metrics_address, "serving /metrics");
+            // The bound address: with port 0 (tests) the one the system chose.
+            let address = listener.local_addr().unwrap_or(metrics_address);
+            tracing::info!(%address, "serving /metrics");
             let sources = metrics::Sources {
                 client: client.clone(),
                 node: node.clone(),
