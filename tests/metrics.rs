@@ -3,19 +3,21 @@
 //! the addresses and ports docs/metrics.md gives. The names are there with sane values
 //! (one primary, one replica in recovery, both up), every family served is documented,
 //! and a write burst moves the transaction counter, the primary's WAL position and the
-//! replica's replayed position, with WAL seen in flight on the way.
+//! replica's replayed position, with WAL seen in flight on the way. A frozen server
+//! reads as `castellan_pg_up 0` within the scrape's bound.
 
 mod support;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::cluster::{
     LocalVolumes, Operator, apply_cluster, connect_app, describe, http_get, instance_addresses,
     jsonpath, wait_for,
 };
+use support::faults::{instance_manager_pid, instance_processes, signal};
 use support::{TestNamespace, client, kubectl_ok};
 
 const OPERATOR: &str = "127.0.78.1:8080";
@@ -344,6 +346,45 @@ async fn operator_instances_and_agents_serve_metrics_that_move_with_writes() {
     assert!(
         in_flight > 0.0,
         "no scrape during the burst saw WAL not yet sent, or not yet replayed"
+    );
+
+    // A server that does not answer: the replica's PostgreSQL frozen (not its
+    // manager). The scrape still answers, within its 5 s bound, with up 0; thawed, 1.
+    let frozen: Vec<u32> = instance_processes(&ns, &replica)
+        .into_iter()
+        .filter(|pid| Some(*pid) != instance_manager_pid(&ns, &replica))
+        .collect();
+    assert!(!frozen.is_empty(), "no PostgreSQL processes of {replica}");
+    for pid in &frozen {
+        signal(*pid, "STOP");
+    }
+    let asked = Instant::now();
+    // Not http_get: its 5 s limit is the scrape's own bound, with no room to answer.
+    let output = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "15", "-w", "\n%{http_code}"])
+        .arg(format!("http://{replica_metrics}/metrics"))
+        .output()
+        .expect("running curl");
+    let took = asked.elapsed();
+    let output = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (text, code) = output.rsplit_once('\n').unwrap_or(("", "0"));
+    let code: u16 = code.trim().parse().unwrap_or(0);
+    for pid in &frozen {
+        signal(*pid, "CONT");
+    }
+    assert_eq!(code, 200, "a frozen server's scrape: {text}");
+    assert_eq!(value(text, "castellan_pg_up", &cluster), 0.0, "{text}");
+    assert!(
+        sample(text, "castellan_pg_replication_in_recovery", &[]).is_none(),
+        "nothing is reported of a server that did not answer:\n{text}"
+    );
+    assert!(took < Duration::from_secs(7), "the scrape took {took:?}");
+    eprintln!("a frozen server's scrape answered castellan_pg_up 0 in {took:.1?}");
+    wait_for(
+        "the thawed replica is up again in its metrics",
+        Duration::from_secs(30),
+        || sample(&scrape(&replica_metrics), "castellan_pg_up", &cluster) == Some(1.0),
+        diagnostics,
     );
 
     // The agents: each at its pod address, reporting its own node's disks.
