@@ -273,18 +273,14 @@ impl Metrics {
         self.0.register(name, help, counter);
     }
 
-    /// A gauge family with one series per `(labels, value)`; nothing when empty, as
-    /// an empty family says nothing.
+    /// A gauge family with one series per `(labels, value)` (prometheus-client writes
+    /// nothing of an empty one, not even its help).
     fn gauges(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, f64)>) {
         let family = Family::<Labels, FloatGauge>::default();
-        let mut any = false;
         for (labels, value) in series {
             family.get_or_create(&labels).set(value);
-            any = true;
         }
-        if any {
-            self.0.register(name, help, family);
-        }
+        self.0.register(name, help, family);
     }
 
     fn counters(
@@ -294,16 +290,12 @@ impl Metrics {
         series: impl IntoIterator<Item = (Labels, i64)>,
     ) {
         let family = Family::<Labels, Counter>::default();
-        let mut any = false;
         for (labels, value) in series {
             family
                 .get_or_create(&labels)
                 .inc_by(u64::try_from(value).unwrap_or(0));
-            any = true;
         }
-        if any {
-            self.0.register(name, help, family);
-        }
+        self.0.register(name, help, family);
     }
 }
 
@@ -619,6 +611,9 @@ mod tests {
             assert!(text.contains(line), "{line:?} missing from:\n{text}");
         }
         assert!(!text.contains("castellan_pg_replication_streaming_replicas"));
+        // A replica has no standbys, slots or connections here: no empty families.
+        assert!(!text.contains("castellan_pg_stat_replication_"), "{text}");
+        assert!(!text.contains("castellan_pg_replication_slots_"), "{text}");
         assert!(!text.contains("castellan_pg_current_wal_lsn_bytes"));
     }
 }
