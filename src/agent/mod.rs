@@ -8,8 +8,8 @@
 //! (`volume`) runs the provisioner. Each kind has a supervisor that restarts a failed
 //! or panicked actor with back-off and reports one that keeps failing. This module is
 //! the shell that wires them: it starts the tree and turns kernel uevents, the pools'
-//! and volumes' changes, the error counters and the periodic timer into events.
-//! Nothing here decides anything about a disk.
+//! and volumes' changes, the error counters and the periodic timer into events, and
+//! serves `/metrics` (`metrics`). Nothing here decides anything about a disk.
 
 pub mod btrfs;
 pub mod children;

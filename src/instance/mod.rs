@@ -4,7 +4,8 @@
 //! backup of the primary for the others), writes the configuration Castellan owns,
 //! runs and supervises PostgreSQL (restarting it with back-off when it dies), writes
 //! the primary's heartbeat, and serves the HTTP API the operator drives it with
-//! (`api`, its bodies in `crate::instance_api`).
+//! (`api`, its bodies in `crate::instance_api`) and, on a plain-HTTP port of its own,
+//! PostgreSQL's metrics (`metrics`).
 //!
 //! It never decides roles itself. The data on the volume says what the instance *was*
 //! (primary data, or a standby's); the operator says what it *is*:
