@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod agent;
 mod cadence;
 mod event_note;
+mod exposition;
 mod instance;
 mod instance_api;
 mod operator;

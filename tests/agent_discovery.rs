@@ -103,6 +103,8 @@ impl Agent {
         let log_file = File::create(&log).expect("creating the agent log");
         let child = Command::new(env!("CARGO_BIN_EXE_castellan"))
             .args(["agent", "--node-name", node])
+            // A free port for /metrics, never the DaemonSet agents' 9188.
+            .args(["--metrics-address", "127.0.0.1:0"])
             .args(extra)
             // A long period unless a test asks otherwise: then only uevents can explain
             // a quick update.

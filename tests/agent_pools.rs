@@ -10,7 +10,7 @@
 
 mod support;
 
-use support::cluster::{Operator, events_about};
+use support::cluster::{Operator, events_about, http_get};
 use support::disks::{Loops, MIB, Unmount, mounts_under, run, sparse_file, write_ext4, write_gpt};
 use support::otel::{Receiver, spans};
 
@@ -112,6 +112,9 @@ impl Agent {
             .arg(pool_root)
             // Only uevents and pool changes trigger looks: the timer is out of the way.
             .args(["--rescan-seconds", "600", "--pool-poll-seconds", "1"])
+            // Several agents run on this host: each gets a free port for /metrics
+            // (logged), never the DaemonSet's 9188.
+            .args(["--metrics-address", "127.0.0.1:0"])
             .env("KUBECONFIG", support::kubeconfig_path())
             .env("RUST_LOG", "info,castellan::agent=debug")
             .envs(env.iter().copied())
@@ -124,6 +127,19 @@ impl Agent {
             log,
             node: node.to_string(),
         }
+    }
+
+    /// Where the agent serves `/metrics`, from its log.
+    fn metrics_address(&self) -> String {
+        let log = fs::read_to_string(&self.log).expect("reading the agent log");
+        log.lines()
+            .filter(|line| line.contains("serving /metrics"))
+            .find_map(|line| {
+                line.split_whitespace()
+                    .find_map(|field| field.strip_prefix("address="))
+            })
+            .unwrap_or_else(|| panic!("the agent logged no /metrics address:\n{log}"))
+            .to_owned()
     }
 
     fn stop(&mut self) {
@@ -1081,6 +1097,45 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
     assert_eq!(failed.state, Some(BlockDeviceState::Failed), "{failed:?}");
     let events = events_about("", &pool, "DiskFailing");
     assert!(events.contains(&bad), "no DiskFailing Event: {events:?}");
+    // The agent's metrics say the same, as an alert reads them.
+    let address = setup.agent.as_ref().expect("the agent").metrics_address();
+    let (code, metrics) = http_get(&address, "/metrics");
+    assert_eq!(code, 200, "{metrics}");
+    let series =
+        |name: &str, labels: &str| format!("{name}{{node=\"{node}\",pool=\"{pool}\"{labels}}}");
+    for line in [
+        format!(
+            "{} 1.0\n",
+            series("castellan_pool_health", ",health=\"Degraded\"")
+        ),
+        format!(
+            "{} 1.0\n",
+            series("castellan_pool_members", ",state=\"Failing\"")
+        ),
+        format!(
+            "{} 1.0\n",
+            series("castellan_pool_members", ",state=\"Online\"")
+        ),
+    ] {
+        assert!(metrics.contains(&line), "{line:?} missing from:\n{metrics}");
+    }
+    let corruption = metrics
+        .lines()
+        .find(|line| {
+            line.starts_with(&series(
+                "castellan_device_errors_total",
+                &format!(",device=\"{bad}\",kind=\"corruption\""),
+            ))
+        })
+        .and_then(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no corruption counter of {bad}:\n{metrics}"));
+    assert!(corruption > 0, "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "castellan_pool_capacity_bytes{{node=\"{node}\",pool=\"{pool}\"}}"
+        )),
+        "{metrics}"
+    );
     assert_eq!(
         fs::read(mount.join("kept.bin")).expect("reading after the failure"),
         data

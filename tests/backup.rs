@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use support::cluster::{
     LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, describe, events,
-    events_with, jsonpath, phase_and_ready, try_superuser, wait_for,
+    events_with, http_get, instance_addresses, jsonpath, phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -208,6 +208,48 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
         diagnostics,
     );
     assert!(!jsonpath("dbc", CLUSTER, &ns, "{.status.firstRecoverabilityPoint}").is_empty());
+    // Metrics (docs/metrics.md): the operator's newest completed backup of the cluster,
+    // and the primary's archiver, which stored the backup's WAL.
+    let operator_metrics = http_get(OPERATOR, "/metrics").1;
+    let completed = operator_metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(&format!(
+                "castellan_backup_last_completed_timestamp_seconds{{namespace=\"{ns}\",cluster=\"{CLUSTER}\"}} "
+            ))?
+            .parse::<f64>()
+            .ok()
+        })
+        .unwrap_or_else(|| panic!("no last completed backup in:\n{operator_metrics}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    assert!(
+        (now - 600.0..=now + 5.0).contains(&completed),
+        "the backup ended at {completed}, now is {now}"
+    );
+    let primary_address = instance_addresses(&ns, CLUSTER)
+        .into_iter()
+        .find(|(pod, _)| *pod == primary)
+        .expect("the primary's address")
+        .1;
+    let instance_metrics = http_get(&format!("{primary_address}:9187"), "/metrics").1;
+    let archived = instance_metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("castellan_pg_stat_archiver_archived_total{")?
+                .rsplit(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no archiver counter in:\n{instance_metrics}"));
+    assert!(archived > 0, "{instance_metrics}");
+    assert!(
+        instance_metrics.contains("castellan_pg_stat_archiver_last_archived_timestamp_seconds{"),
+        "{instance_metrics}"
+    );
     if progress_seen
         .iter()
         .any(|p| p.parse::<i32>().is_ok_and(|p| p > 0 && p < 100))

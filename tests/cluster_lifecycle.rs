@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use support::cluster::{
     LocalVolumes, Operator, apply_cluster, apply_cluster_of, catalog_image, connect_app, describe,
-    events, events_with, instance_addresses, jsonpath, phase_and_ready, server_versions,
+    events, events_with, http_get, instance_addresses, jsonpath, phase_and_ready, server_versions,
     set_catalog_image, wait_for, wait_for_catalog, wait_orders,
 };
 use support::faults::{Writer, volume_path};
@@ -451,6 +451,22 @@ async fn an_actor_panic_is_survived_and_reported_as_degraded() {
     );
     // The operator survived, and the other cluster did not notice.
     assert!(operator.running(), "the operator process is still running");
+    // Its metrics count the restarts and the actor found failing (docs/metrics.md).
+    let metrics = http_get(FAULT_OPERATOR, "/metrics").1;
+    let count = |series: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{metrics}"))
+    };
+    assert!(
+        count("castellan_actor_restarts_total{supervisor=\"clusters\"}") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        count("castellan_actor_failing_total{supervisor=\"clusters\"}") >= 1.0,
+        "{metrics}"
+    );
     assert_eq!(phase_and_ready(&ns, "calm"), "Ready/1");
     assert_eq!(degraded("calm"), "False");
 

@@ -261,9 +261,15 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         metrics.contains("castellan_instances_created_total 2\n"),
         "{metrics}"
     );
-    let (_, standby_metrics) = http_get(operators[1 - leader].address, "/metrics");
     assert!(
-        standby_metrics.contains("castellan_reconciles_total 0\n"),
+        metrics.contains("castellan_reconciles_total{controller=\"cluster\"}"),
+        "{metrics}"
+    );
+    let (_, standby_metrics) = http_get(operators[1 - leader].address, "/metrics");
+    // Counters by controller appear with the first reconcile: none on the standby.
+    assert!(
+        standby_metrics.contains("castellan_leader 0\n")
+            && !standby_metrics.contains("castellan_reconciles_total{"),
         "the operator without the lease does nothing: {standby_metrics}"
     );
 

@@ -170,6 +170,10 @@ impl ChildFailing {
 /// operator it marks the resource `Degraded` with the reason.
 pub trait FailureSink: 'static {
     fn child_failing(&self, failing: ChildFailing);
+
+    /// Every failure of a child, before the supervisor schedules its restart: what a
+    /// restart counter counts. Most sinks only care about children that keep failing.
+    fn child_failed(&self, _key: &ChildKey, _reason: &str) {}
 }
 
 impl FailureSink for Recipient<ChildFailing> {
@@ -313,6 +317,7 @@ impl<C: Child> Supervisor<C> {
         }
         entry.failures.push_back(now);
         entry.status.last_failure = Some(reason.clone());
+        self.sink.child_failed(key, &reason);
 
         let failures = u32::try_from(entry.failures.len()).unwrap_or(u32::MAX);
         let delay = if failures >= policy.max_failures {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use castellan_actors::{
-    Child, ChildFailing, ChildKey, ChildLink, ChildStatus, GetChild, GetChildStatus, RestartNow,
-    RestartPolicy, RetainChildren, Shutdown, StartChild, StopChild, Supervisor,
+    Child, ChildFailing, ChildKey, ChildLink, ChildStatus, FailureSink, GetChild, GetChildStatus,
+    RestartNow, RestartPolicy, RetainChildren, Shutdown, StartChild, StopChild, Supervisor,
 };
 use tokio::sync::mpsc;
 
@@ -197,6 +197,39 @@ async fn panicking_child_is_restarted_and_keeps_serving() {
     assert_eq!(second.send(Ping).await.unwrap(), 1);
     assert_eq!(second.send(Ping).await.unwrap(), 2);
     assert!(reports.try_recv().is_err(), "one panic is not 'failing'");
+}
+
+/// A sink that counts every failure, as the operator's restart counter does.
+struct CountingSink(Arc<AtomicUsize>);
+
+impl FailureSink for CountingSink {
+    fn child_failing(&self, _failing: ChildFailing) {}
+
+    fn child_failed(&self, key: &ChildKey, reason: &str) {
+        assert_eq!(key, "orders");
+        assert!(reason.contains("panicked"), "reason: {reason}");
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[actix_rt::test]
+async fn every_failure_reaches_the_sink_before_its_restart() {
+    let failures = Arc::new(AtomicUsize::new(0));
+    let parent =
+        Supervisor::<Worker>::new("test", fast_policy(), CountingSink(failures.clone())).start();
+    parent
+        .send(StartChild {
+            key: "orders".into(),
+            spec: WorkerSpec::default(),
+        })
+        .await
+        .unwrap()
+        .expect("child started");
+    for restarts in 1..=3 {
+        let _ = child(&parent, "orders").await.send(Explode).await;
+        wait_restarts(&parent, "orders", restarts).await;
+        assert_eq!(failures.load(Ordering::SeqCst), restarts as usize);
+    }
 }
 
 #[actix_rt::test]

@@ -8,13 +8,14 @@
 //! (`volume`) runs the provisioner. Each kind has a supervisor that restarts a failed
 //! or panicked actor with back-off and reports one that keeps failing. This module is
 //! the shell that wires them: it starts the tree and turns kernel uevents, the pools'
-//! and volumes' changes, the error counters and the periodic timer into events.
-//! Nothing here decides anything about a disk.
+//! and volumes' changes, the error counters and the periodic timer into events, and
+//! serves `/metrics` (`metrics`). Nothing here decides anything about a disk.
 
 pub mod btrfs;
 pub mod children;
 pub mod disk;
 pub mod host;
+pub mod metrics;
 pub mod node;
 pub mod pool;
 pub mod reported;
@@ -84,6 +85,27 @@ pub struct AgentArgs {
     pub pool_poll_seconds: u64,
     #[command(flatten)]
     pub log: crate::telemetry::LogArgs,
+    /// Where `/metrics` is served (plain HTTP; docs/metrics.md). Default: port 9188
+    /// of the pod's address (`POD_IP`), else of every address. Agents of several nodes
+    /// on one host (the local cluster) each have their own pod address.
+    #[arg(long, env = "CASTELLAN_METRICS_ADDRESS")]
+    pub metrics_address: Option<std::net::SocketAddr>,
+}
+
+/// The agent's metrics port (docs/metrics.md).
+const METRICS_PORT: u16 = 9188;
+
+/// Where `/metrics` is served: the flag, else the pod's address, else every address.
+fn metrics_address(
+    flag: Option<std::net::SocketAddr>,
+    pod_ip: Option<&str>,
+) -> std::net::SocketAddr {
+    flag.unwrap_or_else(|| {
+        let ip = pod_ip
+            .and_then(|ip| ip.parse().ok())
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        std::net::SocketAddr::new(ip, METRICS_PORT)
+    })
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -147,6 +169,35 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
         storage.clone(),
     ));
     tracing::info!(%node, allow = pattern.as_deref().unwrap_or("(every disk)"), rescan_seconds = args.rescan_seconds, "agent starting");
+    // Metrics are worth less than storage: a port already taken is logged, and the
+    // agent serves its disks without them.
+    let metrics_address = metrics_address(
+        args.metrics_address,
+        std::env::var("POD_IP").ok().as_deref(),
+    );
+    let serving_metrics = match tokio::net::TcpListener::bind(metrics_address).await {
+        Ok(listener) => {
+            // The bound address: with port 0 (tests) the one the system chose.
+            let address = listener.local_addr().unwrap_or(metrics_address);
+            tracing::info!(%address, "serving /metrics");
+            let sources = metrics::Sources {
+                client: client.clone(),
+                node: node.clone(),
+                mounts: args.pool_root.join(&node),
+            };
+            Some(tokio::spawn(crate::exposition::serve(
+                listener,
+                move || {
+                    let sources = sources.clone();
+                    async move { metrics::scrape(&sources).await }
+                },
+            )))
+        }
+        Err(error) => {
+            tracing::error!(address = %metrics_address, %error, "cannot serve /metrics; running without them");
+            None
+        }
+    };
 
     // Open the socket before the first look, so a disk attached while it runs
     // still triggers a second one.
@@ -224,6 +275,9 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     polling.abort();
     checking.abort();
     watching.abort();
+    if let Some(serving) = serving_metrics {
+        serving.abort();
+    }
     tokio::task::spawn_blocking(move || tree.system.shutdown())
         .await
         .context("stopping the actor system")?
@@ -448,6 +502,18 @@ fn node_owner(node: &Node) -> Option<OwnerReference> {
 mod tests {
     use super::*;
     use kube::api::ObjectMeta;
+
+    #[test]
+    fn metrics_listen_on_the_pod_address_unless_told_otherwise() {
+        let flag: std::net::SocketAddr = "127.0.0.9:1234".parse().expect("an address");
+        assert_eq!(metrics_address(Some(flag), Some("127.181.0.2")), flag);
+        assert_eq!(
+            metrics_address(None, Some("127.181.0.2")).to_string(),
+            "127.181.0.2:9188"
+        );
+        assert_eq!(metrics_address(None, None).to_string(), "0.0.0.0:9188");
+        assert_eq!(metrics_address(None, Some("")).to_string(), "0.0.0.0:9188");
+    }
 
     fn node(annotation: Option<&str>, uid: Option<&str>) -> Node {
         Node {

@@ -4,7 +4,8 @@
 //! backup of the primary for the others), writes the configuration Castellan owns,
 //! runs and supervises PostgreSQL (restarting it with back-off when it dies), writes
 //! the primary's heartbeat, and serves the HTTP API the operator drives it with
-//! (`api`, its bodies in `crate::instance_api`).
+//! (`api`, its bodies in `crate::instance_api`) and, on a plain-HTTP port of its own,
+//! PostgreSQL's metrics (`metrics`).
 //!
 //! It never decides roles itself. The data on the volume says what the instance *was*
 //! (primary data, or a standby's); the operator says what it *is*:
@@ -27,6 +28,7 @@ pub mod backup;
 pub(crate) mod bootstrap;
 mod config;
 mod database;
+mod metrics;
 mod postmaster;
 mod restore;
 mod scram;
@@ -92,6 +94,9 @@ pub struct InstanceArgs {
     /// Port of the kubelet's probes (plain HTTP, `/healthz` and `/readyz` only).
     #[arg(long, env = "CASTELLAN_PROBE_PORT", default_value_t = 8001)]
     pub probe_port: u16,
+    /// Port of `/metrics` (plain HTTP; docs/metrics.md): postgres_exporter's.
+    #[arg(long, env = "CASTELLAN_METRICS_PORT", default_value_t = 9187)]
+    pub metrics_port: u16,
     /// The instance API's server certificate (PEM), from the cluster's
     /// `<cluster>-instance-tls` Secret.
     #[arg(long, env = "CASTELLAN_TLS_CERT_FILE")]
@@ -1674,9 +1679,22 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
     let probe_listener = tokio::net::TcpListener::bind(probe_address)
         .await
         .with_context(|| format!("listening on {probe_address}"))?;
-    tracing::info!(%http_address, %probe_address, "serving the instance API (TLS) and probes");
+    let metrics_address = listen(instance.args.metrics_port)?;
+    let metrics_listener = tokio::net::TcpListener::bind(metrics_address)
+        .await
+        .with_context(|| format!("listening on {metrics_address} for /metrics"))?;
+    tracing::info!(%http_address, %probe_address, %metrics_address, "serving the instance API (TLS), probes and metrics");
     tokio::spawn(api::serve(listener, Arc::new(tls), shared.clone()));
     tokio::spawn(api::serve_probes(probe_listener, shared.clone()));
+    // Metrics read the server when scraped, over the manager's own pool: no second
+    // set of credentials, and a stopped server reads as castellan_pg_up 0.
+    tokio::spawn({
+        let (pool, cluster) = (pool.clone(), instance.args.cluster_name.clone());
+        crate::exposition::serve(metrics_listener, move || {
+            let (pool, cluster) = (pool.clone(), cluster.clone());
+            async move { metrics::scrape(&pool, &cluster).await }
+        })
+    });
     tokio::spawn(heartbeat(shared.clone()));
     tokio::spawn(watch_upstream(shared.clone()));
     // archive_command's way in: a socket in the directory only this instance's user

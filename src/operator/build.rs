@@ -42,6 +42,9 @@ pub const POSTGRES_PORT: i32 = 5432;
 pub const INSTANCE_API_PORT: i32 = 8000;
 /// The kubelet's probes (plain HTTP, `/healthz` and `/readyz` only).
 pub const INSTANCE_PROBE_PORT: i32 = 8001;
+/// The instance manager's `/metrics` (plain HTTP; docs/metrics.md): postgres_exporter's
+/// port, where a Prometheus set up for it or for CloudNativePG looks.
+pub const INSTANCE_METRICS_PORT: i32 = 9187;
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 const SECRETS_MOUNT: &str = "/etc/castellan/secrets";
 /// Suffix of the Secret with the instance API's certificate (`<cluster>-instance-tls`).
@@ -344,8 +347,8 @@ pub fn disruption_budgets(cluster: &DatabaseCluster) -> Vec<PodDisruptionBudget>
 pub const OPERATOR_POD_LABEL: (&str, &str) = ("app.kubernetes.io/name", "castellan-operator");
 
 /// Who may reach the cluster's pods: anyone on PostgreSQL's port (clients, and replicas
-/// streaming from the primary), anyone on the probe port (`/readyz`, `/healthz` only),
-/// and only the operator's pods, in any namespace, on the instance API (which also
+/// streaming from the primary), anyone on the probe port (`/readyz`, `/healthz` only)
+/// and the metrics port (Prometheus, wherever it runs; metrics hold no data), and only the operator's pods, in any namespace, on the instance API (which also
 /// requires the operator's client certificate). Enforced where the network plugin
 /// enforces NetworkPolicies.
 pub fn network_policy(cluster: &DatabaseCluster) -> NetworkPolicy {
@@ -364,7 +367,11 @@ pub fn network_policy(cluster: &DatabaseCluster) -> NetworkPolicy {
             policy_types: Some(vec!["Ingress".to_owned()]),
             ingress: Some(vec![
                 NetworkPolicyIngressRule {
-                    ports: Some(vec![port(POSTGRES_PORT), port(INSTANCE_PROBE_PORT)]),
+                    ports: Some(vec![
+                        port(POSTGRES_PORT),
+                        port(INSTANCE_PROBE_PORT),
+                        port(INSTANCE_METRICS_PORT),
+                    ]),
                     ..NetworkPolicyIngressRule::default()
                 },
                 NetworkPolicyIngressRule {
@@ -651,6 +658,7 @@ pub fn pod(
                 ),
                 env("CASTELLAN_HTTP_PORT", INSTANCE_API_PORT.to_string()),
                 env("CASTELLAN_PROBE_PORT", INSTANCE_PROBE_PORT.to_string()),
+                env("CASTELLAN_METRICS_PORT", INSTANCE_METRICS_PORT.to_string()),
                 env(
                     "CASTELLAN_TLS_CERT_FILE",
                     format!("{SECRETS_MOUNT}/{INSTANCE_TLS}/tls.crt"),
@@ -733,6 +741,11 @@ pub fn pod(
                 container_port: INSTANCE_PROBE_PORT,
                 ..ContainerPort::default()
             },
+            ContainerPort {
+                name: Some("metrics".to_owned()),
+                container_port: INSTANCE_METRICS_PORT,
+                ..ContainerPort::default()
+            },
         ]),
         // The probe port: the API port requires the operator's client certificate,
         // which a kubelet does not have.
@@ -766,15 +779,17 @@ pub fn pod(
         match_labels: Some(BTreeMap::from([(CLUSTER_LABEL.to_owned(), name(cluster))])),
         ..LabelSelector::default()
     };
-    Pod {
-        metadata: metadata(
+    let mut metadata = metadata(
+        cluster,
+        instance.clone(),
+        labels(
             cluster,
-            instance.clone(),
-            labels(
-                cluster,
-                &[(INSTANCE_LABEL, &instance), (ROLE_LABEL, role.as_str())],
-            ),
+            &[(INSTANCE_LABEL, &instance), (ROLE_LABEL, role.as_str())],
         ),
+    );
+    metadata.annotations = Some(scrape_annotations(INSTANCE_METRICS_PORT));
+    Pod {
+        metadata,
         spec: Some(PodSpec {
             containers: vec![container],
             // The instance manager stops PostgreSQL with a fast shutdown; give it time.
@@ -818,6 +833,16 @@ pub fn pod(
         }),
         ..Pod::default()
     }
+}
+
+/// The annotations of Prometheus' widespread `kubernetes_sd` pod scrape configuration
+/// (and of the Helm charts that ship it): scrape this pod's `/metrics` on `port`.
+pub fn scrape_annotations(port: i32) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("prometheus.io/scrape".to_owned(), "true".to_owned()),
+        ("prometheus.io/port".to_owned(), port.to_string()),
+        ("prometheus.io/path".to_owned(), "/metrics".to_owned()),
+    ])
 }
 
 /// A database container's security: no privilege escalation, no capabilities,
@@ -1123,7 +1148,10 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(open, vec![POSTGRES_PORT, INSTANCE_PROBE_PORT]);
+        assert_eq!(
+            open,
+            vec![POSTGRES_PORT, INSTANCE_PROBE_PORT, INSTANCE_METRICS_PORT]
+        );
         let api = rules
             .iter()
             .find(|rule| rule.from.is_some())
@@ -1499,6 +1527,19 @@ mod tests {
         }
         assert_eq!(env["CASTELLAN_HTTP_PORT"].as_deref(), Some("8000"));
         assert_eq!(env["CASTELLAN_PROBE_PORT"].as_deref(), Some("8001"));
+        // Metrics on a plain-HTTP port of their own, declared and announced to
+        // Prometheus' pod discovery.
+        assert_eq!(env["CASTELLAN_METRICS_PORT"].as_deref(), Some("9187"));
+        let metrics_port = container
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some("metrics"))
+            .expect("a metrics port");
+        assert_eq!(metrics_port.container_port, INSTANCE_METRICS_PORT);
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(annotations["prometheus.io/scrape"], "true");
+        assert_eq!(annotations["prometheus.io/port"], "9187");
         let probe = container
             .readiness_probe
             .clone()

@@ -15,7 +15,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::build;
 use super::cluster::Note;
-use super::endpoints::Metrics;
+use super::metrics::Metrics;
 
 /// What every executor needs: the API client, settings, and the tokio runtime that
 /// performs the I/O.

@@ -1,61 +1,18 @@
 //! The operator's own HTTP endpoints: `/healthz` (the process answers), `/readyz` (the
-//! Kubernetes API answers it) and `/metrics` (Prometheus text format).
+//! Kubernetes API answers it) and `/metrics` (OpenMetrics text of `metrics.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use kube::Client;
 
-/// Counters the controller updates and `/metrics` reports.
-#[derive(Default)]
-pub struct Metrics {
-    pub reconciles: AtomicU64,
-    pub reconcile_errors: AtomicU64,
-    pub instances_created: AtomicU64,
-    /// 1 while this replica holds the leader Lease.
-    pub leader: AtomicU64,
-}
-
-impl Metrics {
-    pub fn count(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn render(&self) -> String {
-        let line = |name: &str, help: &str, value: u64| {
-            format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n")
-        };
-        [
-            line(
-                "castellan_reconciles_total",
-                "DatabaseCluster reconciles run.",
-                self.reconciles.load(Ordering::Relaxed),
-            ),
-            line(
-                "castellan_reconcile_errors_total",
-                "DatabaseCluster reconciles that failed (and were retried).",
-                self.reconcile_errors.load(Ordering::Relaxed),
-            ),
-            line(
-                "castellan_instances_created_total",
-                "Database instance pods created.",
-                self.instances_created.load(Ordering::Relaxed),
-            ),
-            format!(
-                "# HELP castellan_leader Whether this operator replica is the leader.\n\
-                 # TYPE castellan_leader gauge\ncastellan_leader {}\n",
-                self.leader.load(Ordering::Relaxed)
-            ),
-        ]
-        .concat()
-    }
-}
+use super::metrics::Metrics;
 
 struct Shared {
     client: Client,
@@ -76,8 +33,8 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, String) {
     }
 }
 
-async fn render_metrics(State(shared): State<Arc<Shared>>) -> String {
-    shared.metrics.render()
+async fn render_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    crate::exposition::response(shared.metrics.render())
 }
 
 /// Serves the endpoints on `address` until the process ends.
@@ -99,25 +56,4 @@ pub async fn serve(
     axum::serve(listener, app)
         .await
         .context("serving the operator's endpoints")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metrics_render_in_prometheus_text_format() {
-        let metrics = Metrics::default();
-        Metrics::count(&metrics.reconciles);
-        Metrics::count(&metrics.reconciles);
-        Metrics::count(&metrics.reconcile_errors);
-        let text = metrics.render();
-        assert!(
-            text.contains(
-                "# TYPE castellan_reconciles_total counter\ncastellan_reconciles_total 2\n"
-            )
-        );
-        assert!(text.contains("castellan_reconcile_errors_total 1\n"));
-        assert!(text.contains("castellan_instances_created_total 0\n"));
-    }
 }

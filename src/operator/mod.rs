@@ -10,7 +10,8 @@
 //! `cluster/plan.rs` (its `VolumesBound` condition by `cluster/volumes.rs`) and done by
 //! `cluster/pass.rs`; the instance API is called by `instance_client.rs` (mutual TLS
 //! with the certificates of `certificates.rs`). One replica of the operator acts at a
-//! time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`.
+//! time (`leader.rs`); `/healthz`, `/readyz` and `/metrics` are `endpoints.rs`, the
+//! metrics themselves `metrics.rs`.
 //! Beside it, under the same lease: the `Backup` controller (`backup/`) and the
 //! `BackupSchedule` controller (`schedule/`).
 
@@ -23,6 +24,7 @@ mod context;
 mod endpoints;
 mod instance_client;
 mod leader;
+mod metrics;
 mod object_store;
 mod pools;
 mod reconcile;
@@ -111,7 +113,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
-    let metrics = Arc::new(endpoints::Metrics::default());
+    let metrics = Arc::new(metrics::Metrics::default());
     let serving = endpoints::serve(args.metrics_address, client.clone(), metrics.clone());
     tokio::spawn(async move {
         if let Err(error) = serving.await {
@@ -124,9 +126,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| format!("castellan-operator-{}", std::process::id()));
     let mut lost = leader::acquire(client.clone(), &args.namespace, LEASE, &identity).await;
-    metrics
-        .leader
-        .store(1, std::sync::atomic::Ordering::Relaxed);
+    metrics.set_leader(true);
     // The CAs, and the operator's client certificate for the instance API.
     let trust = certificates::ensure_trust(&client, &args.namespace, args.ca_secret.as_deref())
         .await
@@ -185,8 +185,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let system = castellan_actors::ActorSystem::start("castellan-actors")
         .context("starting the actor system")?;
     let (failing_tx, failing_rx) = tokio::sync::mpsc::unbounded_channel();
+    let root_metrics = shared.metrics.clone();
     let root = system
-        .run(move || root::start_root(failing_tx))
+        .run(move || root::start_root(failing_tx, root_metrics))
         .await
         .context("starting the root actor")?;
     let failing = Arc::new(Mutex::new(BTreeMap::new()));

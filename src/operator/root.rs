@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use castellan_actors::{ChildFailing, Supervisor};
+use castellan_actors::{ChildFailing, ChildKey, FailureSink, Supervisor};
 use castellan_crds::DatabaseCluster;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
@@ -14,6 +14,7 @@ use super::cluster::Note;
 use super::cluster::shell::ClusterActor;
 use super::cluster::{pass, plan};
 use super::context::{Shared, edition, restart_policy};
+use super::metrics::Metrics;
 
 pub type Root = Supervisor<ClusterActor>;
 
@@ -60,7 +61,28 @@ pub async fn report_failing_clusters(
     }
 }
 
+/// The root's sink as the supervisor sees it: counts every failure, and hands the
+/// clusters that keep failing to [`report_failing_clusters`].
+struct RootSink {
+    failing: tokio::sync::mpsc::UnboundedSender<ChildFailing>,
+    metrics: Arc<Metrics>,
+}
+
+impl FailureSink for RootSink {
+    fn child_failing(&self, failing: ChildFailing) {
+        self.metrics.actor_failing("clusters");
+        self.failing.child_failing(failing);
+    }
+
+    fn child_failed(&self, _key: &ChildKey, _reason: &str) {
+        self.metrics.actor_restarted("clusters");
+    }
+}
+
 /// The root of the tree: one supervised `ClusterActor` per cluster key.
-pub fn start_root(failing: tokio::sync::mpsc::UnboundedSender<ChildFailing>) -> Addr<Root> {
-    Supervisor::new("clusters", restart_policy(), failing).start()
+pub fn start_root(
+    failing: tokio::sync::mpsc::UnboundedSender<ChildFailing>,
+    metrics: Arc<Metrics>,
+) -> Addr<Root> {
+    Supervisor::new("clusters", restart_policy(), RootSink { failing, metrics }).start()
 }

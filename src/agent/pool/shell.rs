@@ -1277,13 +1277,17 @@ type Failing = Vec<(String, btrfs::DeviceErrors)>;
 /// `btrfs device stats` of a mounted pool, the members with errors only (none when the
 /// command fails: a pool that cannot be read is reported by its other checks).
 pub fn failing_members(mount_path: &Path) -> Failing {
+    device_stats(mount_path)
+        .into_iter()
+        .filter(|(_, errors)| errors.any())
+        .collect()
+}
+
+/// `btrfs device stats` of a mounted pool, every member by path (none when the
+/// command fails).
+pub fn device_stats(mount_path: &Path) -> BTreeMap<String, btrfs::DeviceErrors> {
     run("btrfs", &["device", "stats", &mount_path.to_string_lossy()])
-        .map(|text| {
-            btrfs::parse_device_stats(&text)
-                .into_iter()
-                .filter(|(_, errors)| errors.any())
-                .collect()
-        })
+        .map(|text| btrfs::parse_device_stats(&text))
         .unwrap_or_default()
 }
 

@@ -78,9 +78,12 @@ pub async fn run(shared: Arc<Shared>, backups: Api<Backup>, clusters: Api<Databa
             }
         }
     });
+    let controller = Controller::new(backups, watcher::Config::default());
+    // Its cache is where the newest backup of each cluster is read when scraped.
+    shared.metrics.watch_backups(controller.store());
     let context = Arc::new(Context { shared });
     tracing::info!("Backup controller starting");
-    Controller::new(backups, watcher::Config::default())
+    controller
         .shutdown_on_signal()
         .run(reconcile, error_policy, context)
         .for_each(|outcome| async move {
@@ -109,7 +112,12 @@ async fn reconcile(backup: Arc<Backup>, context: Arc<Context>) -> Result<Action,
         backup = %backup.name_any(),
         namespace = backup.namespace().unwrap_or_default(),
     );
-    reconcile_traced(&backup, &context).instrument(span).await
+    context
+        .shared
+        .metrics
+        .reconcile("backup", reconcile_traced(&backup, &context))
+        .instrument(span)
+        .await
 }
 
 async fn reconcile_traced(backup: &Backup, context: &Context) -> Result<Action, Error> {

@@ -30,7 +30,6 @@ use crate::operator::build::{self, CLUSTER_LABEL, ROLE_LABEL};
 use crate::operator::catalog;
 use crate::operator::certificates::{self, ClusterCertificate};
 use crate::operator::context::Shared;
-use crate::operator::endpoints::Metrics;
 use crate::upgrade::report::{Outcome, Report};
 
 pub const MANAGER: &str = "castellan-operator";
@@ -577,7 +576,7 @@ async fn enact(
         pods.create(&PostParams::default(), &pod)
             .await
             .map_err(kube_error(format!("creating pod {pod_name}"), cluster))?;
-        Metrics::count(&context.metrics.instances_created);
+        context.metrics.instance_created();
         tracing::info!(cluster = %name, pod = %pod_name, role = role.as_str(), "created instance");
         context
             .record(

@@ -24,7 +24,7 @@ use super::pass;
 use super::state::{ClusterEffect, ClusterEvent, ClusterState};
 use super::switchover::SWITCHOVER_ANNOTATION;
 use crate::operator::context::{Shared, key, object_reference, restart_policy};
-use crate::operator::endpoints::Metrics;
+use crate::operator::metrics::Metrics;
 use crate::operator::replica::shell::{ReplicaActor, ReplicaEffects};
 use crate::operator::replica::{ReplicaEvent, ReplicaState};
 
@@ -74,7 +74,10 @@ impl ClusterEffects {
                 Supervisor::new(
                     format!("replicas of {key}"),
                     restart_policy(),
-                    ReplicaFailures(events.clone()),
+                    ReplicaFailures {
+                        cluster: events.clone(),
+                        metrics: self.shared.metrics.clone(),
+                    },
                 )
                 .start()
             })
@@ -87,15 +90,25 @@ impl ClusterEffects {
     }
 }
 
-/// A replica actor that keeps failing is reported to its cluster's actor.
-struct ReplicaFailures(Recipient<Event<ClusterMachine>>);
+/// A replica actor that keeps failing is reported to its cluster's actor; every
+/// failure is counted.
+struct ReplicaFailures {
+    cluster: Recipient<Event<ClusterMachine>>,
+    metrics: Arc<Metrics>,
+}
 
 impl FailureSink for ReplicaFailures {
     fn child_failing(&self, failing: ChildFailing) {
-        self.0.do_send(Event::new(ClusterEvent::ReplicaFailing {
-            instance: failing.key,
-            reason: failing.reason,
-        }));
+        self.metrics.actor_failing("replicas");
+        self.cluster
+            .do_send(Event::new(ClusterEvent::ReplicaFailing {
+                instance: failing.key,
+                reason: failing.reason,
+            }));
+    }
+
+    fn child_failed(&self, _key: &castellan_actors::ChildKey, _reason: &str) {
+        self.metrics.actor_restarted("replicas");
     }
 }
 
@@ -107,10 +120,11 @@ impl Effects<ClusterMachine> for ClusterEffects {
                 let shared = self.shared.clone();
                 let span = tracing::info_span!("converge", cluster = %self.key);
                 self.spawn_io(span, async move {
-                    Metrics::count(&shared.metrics.reconciles);
-                    let outcome = pass::run(&order, &shared).await;
+                    let outcome = shared
+                        .metrics
+                        .reconcile("cluster", pass::run(&order, &shared))
+                        .await;
                     if let Err(error) = &outcome {
-                        Metrics::count(&shared.metrics.reconcile_errors);
                         tracing::warn!(%error, "pass failed");
                     }
                     events.do_send(Event::new(ClusterEvent::Converged(

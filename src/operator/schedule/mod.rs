@@ -103,7 +103,10 @@ async fn reconcile(schedule: Arc<BackupSchedule>, context: Arc<Context>) -> Resu
         schedule.name_any()
     );
     let span = tracing::info_span!("reconcile", schedule = %key);
-    apply(&schedule, &context.shared, &key)
+    context
+        .shared
+        .metrics
+        .reconcile("backupschedule", apply(&schedule, &context.shared, &key))
         .instrument(span)
         .await
 }
