@@ -35,7 +35,9 @@ mod switchover;
 pub mod upgrade;
 mod volumes;
 
+pub use actions::{
     RELOAD_ANNOTATION, RELOADED_ANNOTATION, RESTART_ANNOTATION, RESTARTED_ANNOTATION,
 };
 pub use machine::ClusterMachine;
 pub use state::*;
+pub use switchover::SWITCHOVER_ANNOTATION;
