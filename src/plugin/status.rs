@@ -121,8 +121,12 @@ fn or_dash(value: Option<&str>) -> String {
     value.unwrap_or("-").to_owned()
 }
 
-/// The lag of a replica: bytes and seconds behind, as far as known.
+/// The lag of a replica: bytes and seconds behind, as far as known (a primary lags
+/// nobody).
 fn lag(instance: &InstanceStatus) -> String {
+    if instance.role.as_deref() == Some("primary") {
+        return "-".to_owned();
+    }
     match (instance.lag_bytes, instance.lag_seconds) {
         (None, None) => "-".to_owned(),
         (bytes, seconds) => {
