@@ -16,6 +16,7 @@ mod instance;
 mod instance_api;
 mod operator;
 mod pki;
+mod plugin;
 mod telemetry;
 mod upgrade;
 
@@ -47,6 +48,9 @@ enum Command {
     /// pg_upgrade, roll back, forget the old data); the last line of stdout is a JSON
     /// report.
     Upgrade(upgrade::UpgradeArgs),
+    /// The kubectl plugin, `kubectl castellan` (this binary runs it by itself when
+    /// invoked as `kubectl-castellan`).
+    Plugin(plugin::PluginArgs),
     /// Make Castellan's CA and issue its certificates as files (tests, debugging).
     Pki(pki::cli::PkiArgs),
     /// PostgreSQL's `archive_command`: hand a completed WAL file to the instance
@@ -78,7 +82,17 @@ fn main() -> anyhow::Result<()> {
     // client's reqwest): ring, as everything else here uses. It fails only when one is
     // installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // kubectl runs a plugin by its file name: the same binary, linked or copied as
+    // `kubectl-castellan`, is the plugin with its own command line.
+    let invoked_as = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|path| path.file_name().map(|name| name.to_owned()));
+    if invoked_as.as_deref() == Some(std::ffi::OsStr::new(plugin::PLUGIN_NAME)) {
+        return plugin::run(plugin::PluginCli::parse().args);
+    }
     match Cli::parse().command {
+        Command::Plugin(args) => plugin::run(args),
         Command::Instance(args) => {
             let _telemetry = telemetry::init(
                 "castellan-instance",

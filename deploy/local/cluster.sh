@@ -11,6 +11,8 @@
 #                      another CASTELLAN_PORT_BASE runs a second, independent cluster
 #   CASTELLAN_PORT_BASE  ports are derived from it (default 16000: API server on 16443),
 #                      and so is the cluster's network slot (see network.sh)
+#   CARGO_TARGET_DIR   where cargo builds castellan (default: /var/cache/castellan/target):
+#                      <state>/bin/kubectl-castellan links to its debug build
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -168,6 +170,9 @@ up() {
   bin="$(binaries)"
   mkdir -p "$dev/bin" "$logs" "$pids"
   ln -sfn "$bin/kubectl" "$dev/bin/kubectl"
+  # The kubectl plugin is the castellan binary under the name kubectl looks for
+  # (`kubectl castellan …` with <state>/bin on PATH); `make up` builds it right after.
+  ln -sfn "${CARGO_TARGET_DIR:-/var/cache/castellan/target}/debug/castellan" "$dev/bin/kubectl-castellan"
   gen_pki
   kubeconfig "$dev/kubeconfig" admin
   kubeconfig "$dev/controller-manager.kubeconfig" controller-manager

@@ -29,6 +29,9 @@ have_cmd mmdebstrap || need_debs+=(mmdebstrap)
 have_cmd umoci || need_debs+=(umoci)
 have_cmd runc || need_debs+=(runc)
 have_cmd objcopy || need_debs+=(binutils)
+# tests/plugin.rs runs `kubectl castellan backup` in a terminal of a fixed size (a
+# detached tmux session) to see its progress bar render and end.
+have_cmd tmux || need_debs+=(tmux)
 
 if ((${#need_debs[@]})); then
   [[ $(id -u) == 0 ]] || { echo "deps: need root to install ${need_debs[*]}" >&2; exit 1; }

@@ -15,11 +15,11 @@
 //! Beside it, under the same lease: the `Backup` controller (`backup/`) and the
 //! `BackupSchedule` controller (`schedule/`).
 
-mod backup;
+pub mod backup;
 pub mod build;
 mod catalog;
 mod certificates;
-mod cluster;
+pub mod cluster;
 mod context;
 mod endpoints;
 mod instance_client;

@@ -16,7 +16,9 @@
 //!   for its lease to end, promote the most advanced replica that is safe, and rejoin
 //!   the old primary as a replica when it comes back. An instance that runs as primary
 //!   without being the primary is a split brain: it is demoted at once;
-//! - fence and unfence instances as `castellan.io/fenced-instances` asks.
+//! - fence and unfence instances as `castellan.io/fenced-instances` asks;
+//! - restart or reload every instance once per value of `castellan.io/restart` /
+//!   `castellan.io/reload` (`actions.rs`).
 //!
 //! Pure: `shell.rs` performs the effects and feeds their outcomes back as events. The
 //! machine has no clock: it takes the time from the instance views it is sent.
@@ -28,6 +30,7 @@ use castellan_actors::StateMachine;
 use castellan_crds::DatabaseCluster;
 use serde_json::Value;
 
+use super::actions::{DeclaredAction, command_finished, follow_requests};
 use super::archiving::{archive_assessment, archiving_changed, wanted_archive};
 use super::parameters::{parameters_assessment, parameters_changed, refused};
 use super::primary::{fenced_instances, finish_promotion, primary_assessment, supervise_primary};
@@ -204,7 +207,9 @@ impl StateMachine for ClusterMachine {
                 } else if let Command::Promote(_) = &command {
                     finish_promotion(&mut state, &mut effects, &instance, &command, &outcome);
                 } else {
+                    let succeeded = outcome.is_ok();
                     record_outcome(&mut effects, &instance, &command, outcome);
+                    command_finished(&mut state, &mut effects, &instance, &command, succeeded);
                 }
                 // A new primary, or a failover or switchover that began or ended, is
                 // written by a pass (status, labels) at once.
@@ -390,6 +395,7 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
         planned.push((name, command));
     }
     record_restore_changes(state, effects);
+    follow_requests(state, effects);
 
     // Fencing as the annotation asks, before anything else is asked of an instance.
     let fenced = fenced_instances(&cluster, &state.members);
@@ -426,6 +432,11 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
             .cloned()
             .map(Box::new);
         let is_primary = primary_name.as_deref() == Some(name.as_str());
+        // `castellan.io/reload`: the same reload, whether or not anything changed.
+        let reload_owed = state
+            .declared
+            .rollout(DeclaredAction::Reload)
+            .is_some_and(|r| r.owes(name));
         if is_primary && view.serving_as_primary() && state.failover.is_none() {
             let staying = quorum_standbys(state, &cluster);
             let sync_names = build::synchronous_standby_names(&cluster, &staying);
@@ -436,6 +447,7 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                 .cloned()
                 .collect();
             if parameters_differ
+                || reload_owed
                 || access_differs
                 || archive.is_some()
                 || view.sync_names != sync_names
@@ -452,7 +464,9 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                     },
                 ));
             }
-        } else if (parameters_differ || access_differs || archive.is_some()) && !is_primary {
+        } else if (parameters_differ || reload_owed || access_differs || archive.is_some())
+            && !is_primary
+        {
             planned.push((
                 name.clone(),
                 Command::Reload {
@@ -479,11 +493,14 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
                 .is_some_and(|v| v.ready && v.parameters.as_ref() == Some(wanted))
         });
     if settled {
+        // Parameters waiting for a restart, or a `castellan.io/restart` not yet done.
+        let restart = state.declared.rollout(DeclaredAction::Restart);
         let pending = |name: &String| {
-            state
-                .views
-                .get(name)
-                .is_some_and(|v| !v.pending_restart.is_empty())
+            restart.is_some_and(|r| r.owes(name))
+                || state
+                    .views
+                    .get(name)
+                    .is_some_and(|v| !v.pending_restart.is_empty())
         };
         let next = state
             .members
@@ -499,12 +516,18 @@ fn plan_commands(state: &mut ClusterState, effects: &mut Vec<ClusterEffect>) {
             .next();
         if let Some(name) = next {
             let parameters = state.views[&name].pending_restart.join(", ");
+            let why = match restart {
+                Some(r) if parameters.is_empty() => {
+                    format!(
+                        "as {}={} asks",
+                        DeclaredAction::Restart.annotation(),
+                        r.value
+                    )
+                }
+                _ => format!("to apply {parameters}"),
+            };
             effects.push(ClusterEffect::Record(
-                Note::normal(
-                    "RollingRestart",
-                    format!("restarting {name} to apply {parameters}"),
-                )
-                .about(&name),
+                Note::normal("RollingRestart", format!("restarting {name} {why}")).about(&name),
             ));
             planned.push((name, Command::Restart));
         }

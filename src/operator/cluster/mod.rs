@@ -7,6 +7,7 @@
 //! - `primary.rs` — the primary's lease, failover, split brains, rejoining;
 //! - `failover.rs` — whom to promote and when it is safe (the pure rules);
 //! - `switchover.rs` — switchover by request or drain;
+//! - `actions.rs` — restart and reload declared by annotation;
 //! - `quorum.rs` — the synchronous quorum under `dataDurability`;
 //! - `archiving.rs` — the `ContinuousArchiving` condition and its Events;
 //! - `plan.rs` — what a pass should leave behind (role labels, instances to create and
@@ -16,6 +17,7 @@
 //!   pods and nodes, and carries out the plan;
 //! - `shell.rs` — performs the machine's effects.
 
+mod actions;
 mod archiving;
 mod failover;
 #[cfg(test)]
@@ -33,5 +35,9 @@ mod switchover;
 pub mod upgrade;
 mod volumes;
 
+pub use actions::{
+    RELOAD_ANNOTATION, RELOADED_ANNOTATION, RESTART_ANNOTATION, RESTARTED_ANNOTATION,
+};
 pub use machine::ClusterMachine;
 pub use state::*;
+pub use switchover::SWITCHOVER_ANNOTATION;

@@ -88,6 +88,32 @@ impl ClusterEffects {
     fn spawn_io(&self, span: tracing::Span, future: impl Future<Output = ()> + Send + 'static) {
         self.shared.runtime.spawn(future.instrument(span));
     }
+
+    /// Sets (or with `None` removes) one annotation of the cluster by a merge patch:
+    /// the annotations are the user's requests, so only this key is touched.
+    fn annotate(&self, annotation: &'static str, value: Option<String>, what: &'static str) {
+        let shared = self.shared.clone();
+        let reference = self.reference.clone();
+        let span = tracing::info_span!("annotate cluster", %annotation, %what);
+        self.spawn_io(span, async move {
+            let (Some(namespace), Some(name)) = (&reference.namespace, &reference.name) else {
+                return;
+            };
+            let clusters: kube::Api<DatabaseCluster> =
+                kube::Api::namespaced(shared.client.clone(), namespace);
+            let patch = json!({"metadata": {"annotations": {annotation: value}}});
+            if let Err(error) = clusters
+                .patch(
+                    name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+            {
+                tracing::warn!(cluster = %name, %error, "could not {what}");
+            }
+        });
+    }
 }
 
 /// A replica actor that keeps failing is reported to its cluster's actor; every
@@ -205,24 +231,10 @@ impl Effects<ClusterMachine> for ClusterEffects {
                 });
             }
             ClusterEffect::ClearSwitchover => {
-                let shared = self.shared.clone();
-                let reference = self.reference.clone();
-                let span = tracing::info_span!("clear switchover request");
-                self.spawn_io(span, async move {
-                    let (Some(namespace), Some(name)) = (&reference.namespace, &reference.name)
-                    else {
-                        return;
-                    };
-                    let clusters: kube::Api<DatabaseCluster> =
-                        kube::Api::namespaced(shared.client.clone(), namespace);
-                    let patch = json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}});
-                    if let Err(error) = clusters
-                        .patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
-                        .await
-                    {
-                        tracing::warn!(cluster = %name, %error, "could not remove the switchover request");
-                    }
-                });
+                self.annotate(SWITCHOVER_ANNOTATION, None, "clear switchover request");
+            }
+            ClusterEffect::Acknowledge { annotation, value } => {
+                self.annotate(annotation, Some(value), "record declared action as handled");
             }
             ClusterEffect::Grant { instance, grant } => {
                 let supervisor = self.replicas(&events);

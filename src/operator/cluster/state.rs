@@ -301,6 +301,8 @@ pub struct ClusterState {
     pub restore: Option<Result<RestoreRequest, String>>,
     /// The restore problem last reported with a Warning.
     pub restore_warned: Option<String>,
+    /// `castellan.io/restart` and `castellan.io/reload` being carried out.
+    pub declared: super::actions::Declared,
 }
 
 #[derive(Debug)]
@@ -341,6 +343,11 @@ pub enum ClusterEffect {
     RetryAfter(Duration),
     /// Remove the switchover request: it was carried out or refused.
     ClearSwitchover,
+    /// Record a declared action's value as handled: set `annotation` to `value`.
+    Acknowledge {
+        annotation: &'static str,
+        value: String,
+    },
     /// Renew an instance's primary lease.
     Grant {
         instance: String,
