@@ -23,7 +23,7 @@ TEST_ENV := CASTELLAN_DEV_DIR=$(TEST_DEV_DIR) CASTELLAN_PORT_BASE=$(TEST_PORT_BA
 # The crates whose tests make up the suite.
 PACKAGES := -p castellan -p castellan-crds -p castellan-actors -p castellan-devnode
 
-.PHONY: help deps controlplane otel s3 helm postgres build up down crds manifests check deny test bench bench-storage bench-failover bench-backup bench-upgrade images images-base
+.PHONY: help deps controlplane otel s3 helm postgres build up down crds manifests check deny test bench bench-storage bench-failover bench-backup bench-upgrade bench-scale images images-base
 
 help:
 	@echo "make up     start the local cluster (control plane, 3 process-backed nodes, Service proxy), an S3 server with the bucket"
@@ -162,6 +162,14 @@ bench-backup: controlplane s3
 bench-failover: controlplane
 	cargo bench --profile dev -p castellan --bench failover --no-run
 	bench/local_cluster.sh cargo bench --profile dev -p castellan --bench failover
+
+# 100 single-instance clusters (BENCH_CLUSTERS), a node agent with a pool, and
+# CloudNativePG 1.27.0 side by side (bench/cnpg.sh builds it; BENCH_PEER=0 leaves it
+# out). The operator and agent measured are the release build, as deployed.
+bench-scale: controlplane otel
+	cargo build --release -p castellan --bin castellan
+	cargo bench --profile dev -p castellan --bench scale --no-run
+	bench/local_cluster.sh cargo bench --profile dev -p castellan --bench scale
 
 # PostgreSQL 18.3 and 18.4 for the minor update (postgres). BENCH_UPGRADE_RUNS
 # (scale:instances,…; default 7:3,135:3) chooses the major upgrades (bench/upgrade.rs);

@@ -2,7 +2,8 @@
 //! nodes: `kubectl apply` a two-instance PostgreSQL cluster and it becomes Ready, with
 //! its credentials Secret, its Services following the roles, and a row written through
 //! `-rw` readable through `-ro`; passwords rotated in the Secrets apply (the app
-//! Secret's `uri` follows) and never reach a log; the leader's successor keeps the CA and reaches the
+//! Secret's `uri` follows) and never reach a log; PostgreSQL's log lines come as JSON
+//! records like the manager's; the leader's successor keeps the CA and reaches the
 //! instances with it; deleting it removes what it owned.
 
 mod support;
@@ -156,6 +157,49 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // PostgreSQL's own log comes through the instance manager as JSON lines like the
+    // manager's, each with the cluster and instance: a failing statement is an ERROR
+    // record with its SQLSTATE, user, database and statement.
+    sqlx::query("select * from no_such_table")
+        .execute(&mut primary)
+        .await
+        .expect_err("the table does not exist");
+    let records = || -> Vec<serde_json::Value> {
+        kubectl_ok(&["logs", "shop-1", "-n", &ns])
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("a line of shop-1's log is no JSON ({e}): {line}"))
+            })
+            .collect()
+    };
+    wait_for(
+        "the failed statement in the primary's log as a JSON record",
+        Duration::from_secs(10),
+        || {
+            records().iter().any(|line| {
+                line["target"] == "postgres"
+                    && line["level"] == "ERROR"
+                    && line["severity"] == "ERROR"
+                    && line["sql_state"] == "42P01"
+                    && line["db_user"] == "clerk"
+                    && line["database"] == "shop"
+                    && line["cluster"] == "shop"
+                    && line["instance"] == "shop-1"
+                    && line["statement"]
+                        .as_str()
+                        .is_some_and(|s| s.contains("no_such_table"))
+            })
+        },
+        diagnostics,
+    );
+    assert!(
+        records().iter().any(|line| line["target"] == "postgres"
+            && line["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("statement: "))),
+        "log_statement's lines come as records of target postgres"
+    );
     drop((primary, replica));
 
     // Rotated passwords: written into the Secrets, the primary sets them (as verifiers,

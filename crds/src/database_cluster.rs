@@ -23,7 +23,7 @@ pub const SUPPORTED_POSTGRESQL_VERSIONS: [&str; 4] = ["15", "16", "17", "18"];
 /// the spec). Letting a user set them would break failover, backups or the instance
 /// manager's control of the server, or escape it, so admission refuses them (and the
 /// instance manager again, for a request that did not come through admission).
-pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 37] = [
+pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 41] = [
     "allow_system_table_mods",
     "cluster_name",
     "config_file",
@@ -37,6 +37,10 @@ pub const RESERVED_POSTGRESQL_PARAMETERS: [&str; 37] = [
     "jit_provider",
     "listen_addresses",
     "local_preload_libraries",
+    "log_destination",
+    "log_directory",
+    "log_filename",
+    "logging_collector",
     "max_replication_slots",
     "max_slot_wal_keep_size",
     "max_wal_senders",

@@ -184,6 +184,10 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
     for (name, value) in owned {
         let _ = writeln!(conf, "{name} = {value}");
     }
+    // PostgreSQL's log goes as jsonlog into pipes the manager passes on (`pglog`).
+    for (name, value) in super::pglog::settings(settings.socket_dir) {
+        let _ = writeln!(conf, "{name} = {}", quote(&value));
+    }
     match settings.transport {
         Transport::Tls(files) => {
             let path = |p: PathBuf| quote(&p.to_string_lossy());

@@ -29,6 +29,7 @@ pub(crate) mod bootstrap;
 mod config;
 mod database;
 mod metrics;
+mod pglog;
 mod postmaster;
 mod restore;
 mod scram;
@@ -1576,6 +1577,7 @@ pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| args.data_dir.parent().unwrap_or(Path::new("/")).join("run"));
     private_dir(&socket_dir).await?;
+    pglog::open(&socket_dir).await?;
     let passfile = socket_dir.join("pgpass");
     let parameters: BTreeMap<String, String> = serde_json::from_str(&args.parameters)
         .context("parsing --parameters as a JSON object of strings")?;

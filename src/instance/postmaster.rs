@@ -15,14 +15,17 @@ pub struct Postmaster {
 }
 
 impl Postmaster {
-    /// Starts `postgres` on `data_dir`. Its output goes to the manager's own stdout
-    /// and stderr, so the pod's log holds the server log.
+    /// Starts `postgres` on `data_dir`. What it prints (before its logging collector
+    /// runs; then its log comes through the pipes of `pglog`) is passed on as the
+    /// manager's own lines, so the pod's log holds the server log in one format.
     pub fn start(binaries: &Binaries, data_dir: &Path) -> Result<Self, BootstrapError> {
         let program = binaries.program("postgres");
-        let child = Command::new(&program)
+        let mut child = Command::new(&program)
             .arg("-D")
             .arg(data_dir)
             .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             // If the manager dies, the server must not run on unsupervised.
             .kill_on_drop(true)
             .spawn()
@@ -30,6 +33,7 @@ impl Postmaster {
                 program: program.display().to_string(),
                 source,
             })?;
+        super::pglog::pass_on_output(&mut child);
         Ok(Self { child })
     }
 

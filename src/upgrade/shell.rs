@@ -283,9 +283,11 @@ async fn pg_upgrade(
         // The old server as pg_upgrade starts it: without TLS (the certificates are
         // the instance's, not the upgrade pod's), without archiving (nothing listens
         // on the instance manager's archive socket), without waiting for standbys, and
-        // without JIT (export left out the JIT provider's LLVM, libraries::is_jit_provider).
+        // without JIT (export left out the JIT provider's LLVM, libraries::is_jit_provider),
+        // and logging to pg_upgrade's files, not into the instance manager's log pipes
+        // (nobody reads them here: the collector would wait on them forever).
         "--old-options",
-        "-c ssl=off -c archive_mode=off -c synchronous_standby_names='' -c jit=off",
+        "-c ssl=off -c archive_mode=off -c synchronous_standby_names='' -c jit=off -c logging_collector=off",
         method.flag(),
     ];
     if check {

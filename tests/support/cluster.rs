@@ -3,7 +3,7 @@
 //! connections to the instances with the cluster's own credentials.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -46,12 +46,30 @@ impl Operator {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_program(
+            Path::new(env!("CARGO_BIN_EXE_castellan")),
+            namespace,
+            address,
+            extra,
+            env,
+        )
+    }
+
+    /// [`Operator::start_with_env`] with another build of castellan (a benchmark's
+    /// release build).
+    pub fn start_program(
+        program: &Path,
+        namespace: &str,
+        address: &'static str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let (uid, gid) = postgres_ids();
         let (uid, gid) = (uid.to_string(), gid.to_string());
         let log_path =
             std::env::temp_dir().join(format!("operator-{}-{address}.log", std::process::id()));
         let log = std::fs::File::create(&log_path).expect("operator log");
-        let child = Command::new(env!("CARGO_BIN_EXE_castellan"))
+        let child = Command::new(program)
             .args(["operator", "--postgres-uid", &uid, "--postgres-gid", &gid])
             .args(["--metrics-address", address, "--identity", address])
             .args(["--namespace", namespace, "--watch-namespace", namespace])
@@ -75,6 +93,11 @@ impl Operator {
         http_get(self.address, "/metrics")
             .1
             .contains("castellan_leader 1\n")
+    }
+
+    /// The process' id (a benchmark reads its memory and CPU time from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Whether the process still runs.

@@ -54,6 +54,10 @@ pub struct Span {
     pub trace: String,
     pub id: String,
     pub parent: String,
+    /// When it started, in nanoseconds since the Unix epoch.
+    pub start: u64,
+    /// Its string, integer and boolean attributes, as text.
+    pub attributes: std::collections::BTreeMap<String, String>,
 }
 
 /// Every span in the collector's file (OTLP JSON, one export request per line).
@@ -76,12 +80,29 @@ pub fn spans(file: &Path) -> Vec<Span> {
             for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
                 for span in scope["spans"].as_array().into_iter().flatten() {
                     let text = |key: &str| span[key].as_str().unwrap_or_default().to_owned();
+                    let attributes = span["attributes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|a| {
+                            let value = &a["value"];
+                            let value = value["stringValue"]
+                                .as_str()
+                                .map(str::to_owned)
+                                .or_else(|| value["intValue"].as_str().map(str::to_owned))
+                                .or_else(|| value["boolValue"].as_bool().map(|b| b.to_string()))?;
+                            Some((a["key"].as_str()?.to_owned(), value))
+                        })
+                        .collect();
                     found.push(Span {
                         service: service.clone(),
                         name: text("name"),
                         trace: text("traceId"),
                         id: text("spanId"),
                         parent: text("parentSpanId"),
+                        // OTLP JSON writes 64-bit integers as strings.
+                        start: text("startTimeUnixNano").parse().unwrap_or_default(),
+                        attributes,
                     });
                 }
             }
