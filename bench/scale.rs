@@ -113,12 +113,16 @@ fn cpu_seconds(pid: u32) -> f64 {
     // stime are the 14th and 15th of the line, the 12th and 13th after it.
     let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     ticks as f64 / clock_ticks()
 }
 
 fn clock_ticks() -> f64 {
-    let output = Command::new("getconf").arg("CLK_TCK").output().expect("getconf");
+    let output = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .expect("getconf");
     String::from_utf8_lossy(&output.stdout)
         .trim()
         .parse()
@@ -167,7 +171,9 @@ fn wait_ready(ns: &str, count: usize, timeout: Duration) {
         assert!(
             Instant::now() < deadline,
             "only {now} of {count} clusters Ready after {timeout:?}:\n{}",
-            kubectl(&["get", "dbc,pods", "-n", ns]).stdout.escape_ascii()
+            kubectl(&["get", "dbc,pods", "-n", ns])
+                .stdout
+                .escape_ascii()
         );
         std::thread::sleep(Duration::from_secs(2));
     }
@@ -213,7 +219,13 @@ impl Agent {
         kubectl_ok(&["apply", "-f", &manifest.to_string_lossy()]);
         let deadline = Instant::now() + Duration::from_secs(180);
         let ready_nodes = || {
-            kubectl_ok(&["get", "storagepool", "bench-edge", "-o", "jsonpath={.status.readyNodes}"])
+            kubectl_ok(&[
+                "get",
+                "storagepool",
+                "bench-edge",
+                "-o",
+                "jsonpath={.status.readyNodes}",
+            ])
         };
         while ready_nodes() != "1" {
             assert!(
@@ -241,7 +253,13 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         // Deleting the pool makes the agent unmount it; then the disks can go.
-        let _ = kubectl(&["delete", "storagepool", "bench-edge", "--wait=true", "--timeout=60s"]);
+        let _ = kubectl(&[
+            "delete",
+            "storagepool",
+            "bench-edge",
+            "--wait=true",
+            "--timeout=60s",
+        ]);
         let _ = self.child.kill();
         let _ = self.child.wait();
         for mount in support::disks::mounts_under(&self.dir) {
@@ -308,7 +326,9 @@ fn idle_cpu(pids: &[u32]) -> Vec<f64> {
 }
 
 fn unix_nanos(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH).expect("after 1970").as_nanos() as u64
+    time.duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64
 }
 
 /// Part 2: every cluster's `work_mem` changed; per change, from the operator's trace:
@@ -395,17 +415,20 @@ fn owned_kinds() -> Vec<ApiResource> {
     ]
 }
 
+/// Per cluster: when its creation arrived, and when its first owned object did.
+type Seen = std::sync::Arc<std::sync::Mutex<BTreeMap<String, (Option<Instant>, Option<Instant>)>>>;
+
 /// Watches `ns` for new cluster objects of `cluster_kind` and new owned objects;
 /// records when each cluster's creation and its first owned object arrived.
 struct FirstActions {
-    seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, (Option<Instant>, Option<Instant>)>>>,
+    seen: Seen,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl FirstActions {
     async fn watch(ns: &str, cluster_kind: ApiResource) -> Self {
         let client = client().await;
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let seen: Seen = Default::default();
         let mut tasks = Vec::new();
         let mut kinds = vec![(cluster_kind.clone(), true)];
         kinds.extend(owned_kinds().into_iter().map(|k| (k, false)));
@@ -516,7 +539,10 @@ async fn pending_state(
                 latencies.push(ms);
                 break;
             }
-            assert!(Instant::now() < deadline, "no owned object of {name} within 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "no owned object of {name} within 30 s"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -84,8 +84,11 @@ fn make_pipe(path: &Path) -> anyhow::Result<()> {
         Err(error) => Err(error),
     }
     .with_context(|| format!("removing {} to put a log pipe there", path.display()))?;
-    nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
-        .with_context(|| format!("making the log pipe {}", path.display()))
+    nix::unistd::mkfifo(
+        path,
+        nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+    )
+    .with_context(|| format!("making the log pipe {}", path.display()))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,8 +198,18 @@ fn json_record(object: &Map<String, Value>) -> Record {
 /// prefix; the line itself is the message.
 fn text_record(line: &str) -> Record {
     const SEVERITIES: [&str; 12] = [
-        "PANIC", "FATAL", "ERROR", "WARNING", "NOTICE", "INFO", "LOG", "DETAIL", "HINT",
-        "STATEMENT", "CONTEXT", "DEBUG",
+        "PANIC",
+        "FATAL",
+        "ERROR",
+        "WARNING",
+        "NOTICE",
+        "INFO",
+        "LOG",
+        "DETAIL",
+        "HINT",
+        "STATEMENT",
+        "CONTEXT",
+        "DEBUG",
     ];
     let severity = line
         .match_indices(":  ")
@@ -330,7 +343,11 @@ mod tests {
                 "DEBUG",
                 tracing::Level::DEBUG,
             ),
-            ("postgres: could not access directory", "LOG", tracing::Level::INFO),
+            (
+                "postgres: could not access directory",
+                "LOG",
+                tracing::Level::INFO,
+            ),
         ];
         for (line, severity, expected) in cases {
             let record = text_record(line);
@@ -372,8 +389,11 @@ mod tests {
                 .open(&path)
                 .expect("opening for writing without a waiting reader");
             use std::io::Write;
-            writeln!(writer, "{{\"error_severity\":\"LOG\",\"message\":\"start {n}\"}}")
-                .expect("writing");
+            writeln!(
+                writer,
+                "{{\"error_severity\":\"LOG\",\"message\":\"start {n}\"}}"
+            )
+            .expect("writing");
             drop(writer);
             let mut line = Vec::new();
             read_line(&mut reader, &mut line).await.expect("reading");
