@@ -31,8 +31,10 @@ out="$cache/cnpg-$version"
 operator_ns=cnpg-system
 webhook_service=cnpg-webhook-service
 webhook_secret=cnpg-webhook-cert
-# Where its pod mounts that Secret; fixed in the manager (defaultWebhookCertDir).
-pod_cert_dir=/run/secrets/cnpg.io/webhook
+# Its pod has that Secret at /run/secrets/cnpg.io/webhook (fixed in the manager) and
+# its namespace at /run/secrets/kubernetes.io/serviceaccount/namespace (where leader
+# election looks): a private mount namespace binds a directory of ours over /run/secrets.
+pod_secrets=/run/secrets
 
 log() { echo "cnpg: $*" >&2; }
 die() { echo "cnpg: error: $*" >&2; exit 1; }
@@ -43,7 +45,8 @@ cluster_env() {
   k=("$dev/bin/kubectl" --kubeconfig "$dev/kubeconfig")
   pid_file="$dev/pids/cnpg"
   log_file="$dev/logs/cnpg.log"
-  certs="$dev/cnpg/webhook-certs"
+  secrets="$dev/cnpg/secrets"
+  certs="$secrets/cnpg.io/webhook"
   mkdir -p "$dev/pids" "$dev/logs"
 }
 
@@ -177,17 +180,18 @@ start() { # namespace
   webhook_port="$(free_port)"
   metrics_port="$(free_port)"
   [[ "$metrics_port" != "$webhook_port" ]] || metrics_port="$(free_port)"
-  operator_objects "$webhook_port" | "${k[@]}" apply --server-side --force-conflicts --field-manager cnpg-bench -f - >/dev/null
+  operator_objects "$webhook_port" | "${k[@]}" apply -n "$operator_ns" --server-side --force-conflicts --field-manager cnpg-bench -f - >/dev/null
 
   # Empty until its Secret exists: the manager retries (for about 30 s at a time) while
   # these files differ from the Secret, as while a kubelet has not refreshed the mount.
-  rm -rf "$certs" && mkdir -p "$certs" && chmod 700 "$certs"
-  mkdir -p "$pod_cert_dir"
+  rm -rf "$secrets" && mkdir -p "$certs" "$secrets/kubernetes.io/serviceaccount" && chmod -R 700 "$secrets"
+  printf %s "$operator_ns" >"$secrets/kubernetes.io/serviceaccount/namespace"
+  mkdir -p "$pod_secrets"
   log "starting its manager (webhook port $webhook_port, metrics port $metrics_port, log $log_file)"
   # Its arguments and environment are its release manifest's (releases/cnpg-1.27.0.yaml)
-  # but for the ports, the watched namespace and the certificate directory, which a
-  # private mount namespace binds over the fixed path so that two clusters' operators do
-  # not share it. setsid, unshare and sh each exec: $! is the manager's pid.
+  # but for the ports and the watched namespace. /run/secrets is ours in its own mount
+  # namespace only (the host keeps an empty mount point), so operators of two local
+  # clusters do not share it. setsid, unshare and sh each exec: $! is the manager's pid.
   (
     cd "$out"
     export KUBECONFIG="$dev/kubeconfig" OPERATOR_NAMESPACE="$operator_ns" WATCH_NAMESPACE="$ns" \
@@ -195,10 +199,10 @@ start() { # namespace
       MONITORING_QUERIES_CONFIGMAP=cnpg-default-monitoring
     # shellcheck disable=SC2016 # expanded by the inner sh
     exec setsid unshare --mount --propagation private sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' \
-      sh "$certs" "$pod_cert_dir" "$out/manager" controller --leader-elect --max-concurrent-reconciles=10 \
+      sh "$secrets" "$pod_secrets" "$out/manager" controller --leader-elect --max-concurrent-reconciles=10 \
       --config-map-name=cnpg-controller-manager-config --secret-name=cnpg-controller-manager-config \
       --webhook-port="$webhook_port" --metrics-bind-address="127.0.0.1:$metrics_port"
-  ) >>"$log_file" 2>&1 </dev/null &
+  ) >"$log_file" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"$pid_file"
 
