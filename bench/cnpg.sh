@@ -253,6 +253,12 @@ stop() {
     die "its CRDs were not removed within 120 s: $("${k[@]}" get crd 2>&1 | grep cnpg.io)"
   fi
   "${k[@]}" delete namespace "$operator_ns" --ignore-not-found --wait=true --timeout=120s >/dev/null
+  # Its copy of the monitoring queries in each watched namespace has no owner.
+  local copy
+  for copy in $("${k[@]}" get configmap -A -l cnpg.io/reload --field-selector metadata.name=cnpg-default-monitoring \
+    -o jsonpath='{range .items[*]}{.metadata.namespace}{"\n"}{end}'); do
+    "${k[@]}" -n "$copy" delete configmap cnpg-default-monitoring --ignore-not-found >/dev/null
+  done
   rm -rf "$dev/cnpg"
   log "stopped"
 }
