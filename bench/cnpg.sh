@@ -12,11 +12,14 @@
 # the objects it creates for a Cluster and its resident memory (/proc/PID/status).
 # What is not: its instance pods cannot run on our process-backed nodes (they expect its
 # container image's layout: /controller, the instance manager copied in by an init
-# container), so its Clusters never get a running PostgreSQL; compare with Castellan
-# clusters whose pods do not run either (a control plane without nodes: pods Pending).
-# The manager runs as a host process, as root with the admin kubeconfig (no RBAC of its
-# own), and a kubelet-like step of this script copies its webhook certificate to where
-# its pod would have the Secret mounted.
+# container), so its Clusters never get a running PostgreSQL and stay in "Setting up
+# primary" (initdb Job and claim Pending); what it does for running instances (polling
+# each one's status endpoint, failover) is not measured. Compare with Castellan clusters
+# whose pods do not run either (a control plane without nodes: pods Pending).
+# The manager runs as a host process (no cgroup limits; built with the local Go, not its
+# release's), as root with the admin kubeconfig (no RBAC of its own); a kubelet-like step
+# of this script copies its webhook certificate to where its pod would have the Secret
+# mounted, and the API server calls its webhooks on loopback, without a Service proxy hop.
 #
 # Environment: CASTELLAN_DEV_DIR (the local cluster's state: kubeconfig, bin/kubectl,
 # logs/, pids/), CASTELLAN_CACHE (default /var/cache/castellan: the build and Go caches).
@@ -75,7 +78,7 @@ build() {
   [[ -d "$src/cmd/manager" && -n "$commit" ]] || die "no cmd/manager in $src"
 
   arch="$(go env GOARCH)"
-  log "building its manager v$version into $out (first run only; about 2 minutes on 2 cores)"
+  log "building its manager v$version into $out (first run only; 2-5 minutes on 2 cores)"
   local pkg="$module/pkg/versions"
   (cd "$src" && go build -mod=readonly -trimpath \
     -ldflags "-s -w -X $pkg.buildVersion=$version -X $pkg.buildCommit=$commit -X $pkg.buildDate=$date" \
@@ -118,7 +121,8 @@ operator_objects() { # webhook-port
   # The API server reaches a Service-referenced webhook at the Service's address with
   # TLS ServerName <service>.<namespace>.svc — the name the manager's own PKI puts in
   # its certificate (and whose caBundle it injects into both configurations). An
-  # ExternalName Service resolves to the host process; the references gain its port.
+  # ExternalName Service resolves to the host process (the API server runs on this
+  # host's loopback too); the references gain its port.
   sed -E -e "s/^(\s*)namespace: system$/\1namespace: $operator_ns\n\1port: $1/" \
     -e "s/^(\s*)name: webhook-service$/\1name: $webhook_service/" \
     -e 's/^  name: (mutating|validating)-webhook-configuration$/  name: cnpg-\1-webhook-configuration/' \
