@@ -132,14 +132,12 @@ impl Agent {
     /// Where the agent serves `/metrics`, from its log.
     fn metrics_address(&self) -> String {
         let log = fs::read_to_string(&self.log).expect("reading the agent log");
+        // One JSON object per line (the agent's default log format).
         log.lines()
-            .filter(|line| line.contains("serving /metrics"))
-            .find_map(|line| {
-                line.split_whitespace()
-                    .find_map(|field| field.strip_prefix("address="))
-            })
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["message"] == "serving /metrics")
+            .find_map(|line| line["address"].as_str().map(str::to_owned))
             .unwrap_or_else(|| panic!("the agent logged no /metrics address:\n{log}"))
-            .to_owned()
     }
 
     fn stop(&mut self) {
