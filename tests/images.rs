@@ -507,7 +507,9 @@ fn report(output: &str) -> Value {
         .find_map(|line| {
             serde_json::from_str::<Value>(line)
                 .ok()
-                .filter(|v| v.get("outcome").is_some())
+                // The report, not a JSON log line (which has a level, and may name the
+                // outcome too).
+                .filter(|v| v.get("outcome").is_some() && v.get("level").is_none())
         })
         .unwrap_or_else(|| panic!("no report in: {output}"))
 }
