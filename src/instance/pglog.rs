@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde_json::{Map, Value};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
 /// `log_filename`: the collector's file for stderr output (it always opens one, even
 /// when `log_destination` has no `stderr`), and with `.json` appended its `jsonlog`.
@@ -106,7 +106,7 @@ async fn pass_on<R: AsyncRead + Unpin>(mut reader: BufReader<R>, kind: Kind) {
     let mut line = Vec::new();
     loop {
         line.clear();
-        match read_line(&mut reader, &mut line).await {
+        match reader.read_until(b'\n', &mut line).await {
             Ok(0) => return,
             Ok(_) => {
                 let text = String::from_utf8_lossy(&line);
@@ -121,13 +121,6 @@ async fn pass_on<R: AsyncRead + Unpin>(mut reader: BufReader<R>, kind: Kind) {
             }
         }
     }
-}
-
-async fn read_line<R: AsyncBufRead + Unpin>(
-    reader: &mut R,
-    line: &mut Vec<u8>,
-) -> std::io::Result<usize> {
-    reader.read_until(b'\n', line).await
 }
 
 /// One of PostgreSQL's log records as the manager writes it.
@@ -396,7 +389,7 @@ mod tests {
             .expect("writing");
             drop(writer);
             let mut line = Vec::new();
-            read_line(&mut reader, &mut line).await.expect("reading");
+            reader.read_until(b'\n', &mut line).await.expect("reading");
             let record = record(Kind::Json, String::from_utf8_lossy(&line).trim_end());
             assert_eq!(record.message, format!("start {n}"));
         }
