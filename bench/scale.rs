@@ -118,15 +118,19 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks as f64 / clock_ticks()
 }
 
+/// The kernel's clock ticks per second, asked once.
 fn clock_ticks() -> f64 {
-    let output = Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .expect("getconf");
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .expect("CLK_TCK")
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        let output = Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .expect("getconf");
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .expect("CLK_TCK")
+    })
 }
 
 fn mib(kib: u64) -> f64 {
