@@ -189,6 +189,13 @@ pub(super) fn supervise_primary(
         if stale {
             return;
         }
+        // With no other member there is nothing a failover could promote: the
+        // condition says the primary does not serve (PrimaryUnavailable), and no
+        // failover starts that could only be blocked, and then cancelled, at each of
+        // a lone primary's hiccups (an Event storm on a busy node).
+        if !state.members.keys().any(|name| *name != primary) {
+            return;
+        }
         let Some((reason, at_once)) = unavailability(state, &primary) else {
             return;
         };
@@ -873,6 +880,26 @@ mod tests {
             ClusterEvent::Observed(at_lsn(view("db-2", &[]), 13, "0/5000000")),
         );
         assert!(matches!(commands(&effects)[..], [(_, Command::Promote(_))]));
+    }
+
+    #[test]
+    fn a_lone_primary_that_does_not_serve_is_unavailable_but_never_failed_over() {
+        let state = settled(cluster(0, false, &[]), 1);
+        let (state, _) = step(state, ClusterEvent::Observed(unreachable("db-1", 1)));
+        let (state, effects) = step(state, ClusterEvent::Observed(unreachable("db-1", 30)));
+        assert!(notes(&effects).is_empty(), "{effects:?}");
+        assert!(state.failover.is_none());
+        let assessment = primary_assessment(&state);
+        assert!(!assessment.status);
+        assert_eq!(assessment.reason, "PrimaryUnavailable");
+        // Back: available again, and nothing was recorded on the way.
+        let back = InstanceView {
+            at: at(31),
+            ..primary_view(&[], "")
+        };
+        let (state, effects) = step(state, ClusterEvent::Observed(back));
+        assert!(notes(&effects).is_empty(), "{effects:?}");
+        assert_eq!(primary_assessment(&state).reason, "Available");
     }
 
     #[test]
