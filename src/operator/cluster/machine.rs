@@ -171,17 +171,16 @@ impl StateMachine for ClusterMachine {
                 state.began.get_or_insert(view.at);
                 let previous = state.views.insert(name.clone(), view.clone());
                 state.stale.remove(&name);
-                let changed = previous.is_none_or(|p| {
-                    p.ready != view.ready
-                        || p.reachable != view.reachable
-                        || p.role != view.role
-                        || p.fenced != view.fenced
+                // Anything status shows changed, or its positions and lag are due.
+                let changed = previous.is_none_or(|p| !p.moved_only(&view));
+                let progress_due = state.progress_at.is_none_or(|at| {
+                    view.at.duration_since(at).unwrap_or_default() >= PROGRESS_REFRESH
                 });
                 let before = roles(&state);
                 supervise_primary(&mut state, &mut effects, &name);
                 let primary_changed = before != roles(&state);
                 let flipped = record_flips(&mut state, &mut effects);
-                if flipped || changed || primary_changed {
+                if flipped || changed || primary_changed || progress_due {
                     converge(&mut state, &mut effects);
                 }
                 plan_commands(&mut state, &mut effects);
@@ -320,7 +319,15 @@ pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect
         return;
     }
     state.converging = true;
+    let refresh_progress = match (state.progress_at, state.now) {
+        (Some(at), Some(now)) => now.duration_since(at).unwrap_or_default() >= PROGRESS_REFRESH,
+        _ => true,
+    };
+    if refresh_progress {
+        state.progress_at = state.now;
+    }
     effects.push(ClusterEffect::Converge(Box::new(ConvergeOrder {
+        refresh_progress,
         remove: removable(state, &cluster),
         views: state.views.values().cloned().collect(),
         degraded: state.degraded.clone(),
@@ -559,6 +566,37 @@ mod tests {
         );
         assert!(state.converging);
         assert!(converge_order(&effects).is_some());
+    }
+
+    #[test]
+    fn moved_positions_start_a_pass_only_when_due_and_other_changes_at_once() {
+        let state = idle(settled(cluster(1, false, &[]), 2));
+        // The first pass writes positions as they are.
+        let primary = state_view_at(&state, "db-1", 1);
+        let (state, effects) = step(state, ClusterEvent::Observed(primary));
+        let order = converge_order(&effects).expect("a first pass");
+        assert!(order.refresh_progress);
+        assert_eq!(state.progress_at, Some(at(1)));
+        // The heartbeat moved the primary's position: nothing to write yet.
+        let state = idle(state);
+        let moved = at_lsn(state_view_at(&state, "db-1", 5), 5, "0/6000000");
+        let (state, effects) = step(state, ClusterEvent::Observed(moved));
+        assert!(converge_order(&effects).is_none(), "{effects:?}");
+        // Something status shows changed: a pass at once, positions kept unless written.
+        let reloaded = InstanceView {
+            pending_restart: vec!["shared_buffers".into()],
+            ..state_view_at(&state, "db-1", 6)
+        };
+        let (state, effects) = step(state, ClusterEvent::Observed(reloaded));
+        let order = converge_order(&effects).expect("a pass for the change");
+        assert!(!order.refresh_progress);
+        // Past PROGRESS_REFRESH: due.
+        let state = idle(state);
+        let later = state_view_at(&state, "db-1", 1 + PROGRESS_REFRESH.as_secs());
+        let (state, effects) = step(state, ClusterEvent::Observed(later));
+        let order = converge_order(&effects).expect("positions due");
+        assert!(order.refresh_progress);
+        assert_eq!(state.progress_at, Some(at(1 + PROGRESS_REFRESH.as_secs())));
     }
 
     #[test]

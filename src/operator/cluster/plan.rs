@@ -325,6 +325,10 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         upgrade: upgrade.status.clone(),
         ..previous
     };
+    let status = match &cluster.status {
+        Some(shown) if !order.refresh_progress => unless_only_moved(shown, status),
+        _ => status,
+    };
     Plan {
         relabel: relabels(order, observed, primary),
         converged: Converged {
@@ -342,6 +346,35 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
         upgrade,
         stop,
     }
+}
+
+/// `status` as shown if it differs from it only in positions, lag and WAL kept for
+/// slots (see `PROGRESS_REFRESH`): then nothing is written. Otherwise status is written
+/// anyway, with everything as viewed now.
+fn unless_only_moved(
+    shown: &DatabaseClusterStatus,
+    status: DatabaseClusterStatus,
+) -> DatabaseClusterStatus {
+    let mut kept = status.clone();
+    for row in &mut kept.instances {
+        if let Some(old) = shown.instances.iter().find(|o| o.name == row.name)
+            && old.lsn.is_some() == row.lsn.is_some()
+            && old.lag_bytes.is_some() == row.lag_bytes.is_some()
+            && old.lag_seconds.is_some() == row.lag_seconds.is_some()
+        {
+            row.lsn.clone_from(&old.lsn);
+            row.lag_bytes = old.lag_bytes;
+            row.lag_seconds = old.lag_seconds;
+        }
+    }
+    for slot in &mut kept.replication_slots {
+        if let Some(old) = shown.replication_slots.iter().find(|o| o.name == slot.name)
+            && old.retained_wal_bytes.is_some() == slot.retained_wal_bytes.is_some()
+        {
+            slot.retained_wal_bytes = old.retained_wal_bytes;
+        }
+    }
+    if kept == *shown { kept } else { status }
 }
 
 /// Whether `pod` runs another image than `runs` names for the same major (a pod of
@@ -712,6 +745,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::instance_api::Lsn;
     use crate::operator::cluster::fixtures::{cluster, primary_view, unreachable, view};
     use crate::operator::cluster::state::FailoverStatus;
 
@@ -767,6 +801,7 @@ mod tests {
             archive_condition: None,
             restore_condition: None,
             parameters_condition: None,
+            refresh_progress: true,
         }
     }
 
@@ -1421,6 +1456,48 @@ mod tests {
         assert_eq!(
             plan.status.replication_slots[0].retained_wal_bytes,
             Some(8192)
+        );
+    }
+
+    #[test]
+    fn positions_and_lag_alone_are_written_only_when_due() {
+        let (order, observed) = settled(2);
+        let shown = plan(&order, &observed).status;
+        let order = with_status(order, shown.clone());
+        // Only positions and lag moved: status as shown, nothing to write.
+        let mut moved = ConvergeOrder {
+            refresh_progress: false,
+            ..order.clone()
+        };
+        moved.views[0].lsn = Lsn::parse("0/4000000");
+        moved.views[0].standbys[0].lag_bytes = Some(512);
+        assert_eq!(plan(&moved, &observed).status, shown);
+        // Due: written as viewed now.
+        let due = ConvergeOrder {
+            refresh_progress: true,
+            ..moved.clone()
+        };
+        let status = plan(&due, &observed).status;
+        assert_eq!(status.instances[0].lsn.as_deref(), Some("0/4000000"));
+        assert_eq!(status.instances[1].lag_bytes, Some(512));
+        // Anything else changed: status is written anyway, and as viewed now.
+        let mut changed = moved;
+        changed.views[0].timeline = Some(2);
+        let status = plan(&changed, &observed).status;
+        assert_eq!(status.instances[0].timeline, Some(2));
+        assert_eq!(status.instances[0].lsn.as_deref(), Some("0/4000000"));
+        // A position that appears is no mere move either.
+        let mut appeared = ConvergeOrder {
+            refresh_progress: false,
+            ..order
+        };
+        appeared.views[0].standbys[0].lag_bytes = None;
+        let without = with_status(appeared.clone(), plan(&appeared, &observed).status);
+        let mut back = without;
+        back.views[0].standbys[0].lag_bytes = Some(64);
+        assert_eq!(
+            plan(&back, &observed).status.instances[1].lag_bytes,
+            Some(64)
         );
     }
 

@@ -25,6 +25,13 @@ pub const DEGRADED_AFTER: u32 = 3;
 /// Longest wait between retries of a failing pass.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
 
+/// How stale status' positions and lag may get (`instances[].lsn`, `lagBytes`,
+/// `lagSeconds`, the slots' `retainedWalBytes`): they move with every write, the
+/// primary's heartbeat included, and writing each move would make every idle cluster
+/// a status write (and a watch event, and a pass) a second. The instances' metrics
+/// are live.
+pub const PROGRESS_REFRESH: Duration = Duration::from_secs(30);
+
 /// One instance as the last pass found it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Member {
@@ -84,6 +91,9 @@ pub struct ConvergeOrder {
     pub restore_condition: Option<Assessment>,
     /// Whether PostgreSQL takes `spec.parameters` on every instance.
     pub parameters_condition: Option<Assessment>,
+    /// Write the instances' positions and lag as viewed now; otherwise keep those
+    /// status shows, unless the pass writes status anyway.
+    pub refresh_progress: bool,
 }
 
 /// A condition's status, reason and message, decided by the machine.
@@ -274,6 +284,8 @@ pub struct ClusterState {
     pub began: Option<SystemTime>,
     /// The latest time an event carried.
     pub now: Option<SystemTime>,
+    /// When a pass last wrote the instances' positions and lag ([`PROGRESS_REFRESH`]).
+    pub progress_at: Option<SystemTime>,
     /// The end of the latest lease granted (to whichever instance).
     pub leased_until: Option<SystemTime>,
     /// Since when the primary has not been serving.

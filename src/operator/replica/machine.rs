@@ -109,6 +109,38 @@ pub struct StandbyView {
 }
 
 impl InstanceView {
+    /// Whether `other` differs from this view only in what moves with every write
+    /// (positions, lag, WAL kept for slots) and in when it was read. Such a change is
+    /// written to status at most every `PROGRESS_REFRESH`; any other is written at once.
+    pub fn moved_only(&self, other: &InstanceView) -> bool {
+        fn still(view: &InstanceView) -> InstanceView {
+            InstanceView {
+                at: SystemTime::UNIX_EPOCH,
+                lsn: view.lsn.map(|_| Lsn(0)),
+                receive_lsn: view.receive_lsn.map(|_| Lsn(0)),
+                lag_seconds: view.lag_seconds.map(|_| 0.0),
+                standbys: view
+                    .standbys
+                    .iter()
+                    .map(|s| StandbyView {
+                        lag_bytes: s.lag_bytes.map(|_| 0),
+                        ..s.clone()
+                    })
+                    .collect(),
+                slots: view
+                    .slots
+                    .iter()
+                    .map(|s| crate::instance_api::Slot {
+                        retained_bytes: s.retained_bytes.map(|_| 0),
+                        ..s.clone()
+                    })
+                    .collect(),
+                ..view.clone()
+            }
+        }
+        still(self) == still(other)
+    }
+
     /// The view of `name` from its `/status` report, read at `at`.
     pub fn from_report(name: &str, at: SystemTime, report: StatusReport) -> Self {
         let server = report.server.unwrap_or_default();
