@@ -154,6 +154,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         )
     })?;
     let (images, images_writer) = reflector::store();
+    // A catalog edit (a new minor to roll out, a major made available) reaches every
+    // cluster at once, not at its next resync.
+    let (catalog_edited, catalog_edits) = futures::channel::mpsc::unbounded::<()>();
     tokio::spawn(
         watcher(
             Api::<ConfigMap>::namespaced(client.clone(), &args.namespace),
@@ -161,10 +164,19 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         )
         .default_backoff()
         .reflect(images_writer)
-        .for_each(|event| async move {
-            if let Err(error) = event {
-                tracing::warn!(%error, "watching the image catalog failed; retrying");
+        .for_each(move |event| {
+            match event {
+                Err(error) => {
+                    tracing::warn!(%error, "watching the image catalog failed; retrying");
+                }
+                Ok(
+                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
+                ) => {
+                    let _ = catalog_edited.unbounded_send(());
+                }
+                Ok(_) => {}
             }
+            async {}
         }),
     );
     let catalog_source = format!("{}/{}", args.namespace, args.image_catalog);
@@ -245,6 +257,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             // A node that is cordoned or turns NotReady concerns whichever cluster has
             // an instance there; such changes are rare, so every cluster is reconciled.
             .reconcile_all_on(node_changes(Api::all(client.clone()), nodes_writer))
+            .reconcile_all_on(catalog_edits)
             .shutdown_on_signal()
             .run(reconcile::reconcile, error_policy, context)
             .for_each(|outcome| async move {

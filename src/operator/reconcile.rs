@@ -22,8 +22,12 @@ use super::root::Root;
 /// honoured only when the operator runs with `--fault-injection`.
 pub const INJECT_FAULT_ANNOTATION: &str = "castellan.io/inject-fault";
 
-/// How often every cluster's actor is sent the desired state again.
-const RESYNC: Duration = Duration::from_secs(5);
+/// How often every cluster's actor is sent the desired state again: a pass then
+/// catches what no watch reports (a user's Secret or StorageClass that appeared) and
+/// brings the instances' positions in status up to date (`PROGRESS_REFRESH`). Each
+/// pass is about 20 API requests, so this is what an idle cluster costs the API
+/// server: at 5 s, 100 clusters made 340 requests a second.
+const RESYNC: Duration = Duration::from_secs(30);
 
 pub struct Context {
     pub shared: Arc<Shared>,

@@ -171,10 +171,12 @@ impl StateMachine for ClusterMachine {
                 state.began.get_or_insert(view.at);
                 let previous = state.views.insert(name.clone(), view.clone());
                 state.stale.remove(&name);
-                // Anything status shows changed, or its positions and lag are due.
+                // Anything status shows changed, or its positions and lag are long
+                // overdue (the resync's pass brings them every PROGRESS_REFRESH; this is
+                // for when no resync comes).
                 let changed = previous.is_none_or(|p| !p.moved_only(&view));
                 let progress_due = state.progress_at.is_none_or(|at| {
-                    view.at.duration_since(at).unwrap_or_default() >= PROGRESS_REFRESH
+                    view.at.duration_since(at).unwrap_or_default() >= 2 * PROGRESS_REFRESH
                 });
                 let before = roles(&state);
                 supervise_primary(&mut state, &mut effects, &name);
@@ -590,13 +592,24 @@ mod tests {
         let (state, effects) = step(state, ClusterEvent::Observed(reloaded));
         let order = converge_order(&effects).expect("a pass for the change");
         assert!(!order.refresh_progress);
-        // Past PROGRESS_REFRESH: due.
+        // Past PROGRESS_REFRESH, the resync's pass writes them.
         let state = idle(state);
-        let later = state_view_at(&state, "db-1", 1 + PROGRESS_REFRESH.as_secs());
-        let (state, effects) = step(state, ClusterEvent::Observed(later));
-        let order = converge_order(&effects).expect("positions due");
+        let due = 1 + PROGRESS_REFRESH.as_secs();
+        let view = state_view_at(&state, "db-1", due);
+        let (state, _) = step(state, ClusterEvent::Observed(view));
+        let (state, effects) = step(idle(state), ClusterEvent::Desired(cluster(1, false, &[])));
+        let order = converge_order(&effects).expect("the resync's pass");
         assert!(order.refresh_progress);
-        assert_eq!(state.progress_at, Some(at(1 + PROGRESS_REFRESH.as_secs())));
+        assert_eq!(state.progress_at, Some(at(due)));
+        // With no resync, an instance's report starts a pass once they are long overdue.
+        let state = idle(state);
+        let overdue = due + 2 * PROGRESS_REFRESH.as_secs();
+        let view = state_view_at(&state, "db-1", overdue - 1);
+        let (state, effects) = step(state, ClusterEvent::Observed(view));
+        assert!(converge_order(&effects).is_none(), "{effects:?}");
+        let view = state_view_at(&state, "db-1", overdue);
+        let (_, effects) = step(state, ClusterEvent::Observed(view));
+        assert!(converge_order(&effects).expect("overdue").refresh_progress);
     }
 
     #[test]
