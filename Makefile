@@ -165,11 +165,14 @@ bench-failover: controlplane
 
 # 100 single-instance clusters (BENCH_CLUSTERS), a node agent with a pool, and
 # CloudNativePG 1.27.0 side by side (bench/cnpg.sh builds it; BENCH_PEER=0 leaves it
-# out). The operator and agent measured are the release build, as deployed.
+# out). The operator and agent measured, and the 100 instance managers, are the release
+# build, as the images carry it: 100 debug-built managers alone take a core.
 bench-scale: controlplane otel
 	cargo build --release -p castellan --bin castellan
 	cargo bench --profile dev -p castellan --bench scale --no-run
-	bench/local_cluster.sh cargo bench --profile dev -p castellan --bench scale
+	mkdir -p .dev
+	sed 's#/debug/castellan"#/release/castellan"#' deploy/node/images.yaml > .dev/bench-scale-images.yaml
+	CASTELLAN_IMAGES=$(CURDIR)/.dev/bench-scale-images.yaml bench/local_cluster.sh cargo bench --profile dev -p castellan --bench scale
 
 # PostgreSQL 18.3 and 18.4 for the minor update (postgres). BENCH_UPGRADE_RUNS
 # (scale:instances,…; default 7:3,135:3) chooses the major upgrades (bench/upgrade.rs);

@@ -5,8 +5,9 @@
 //! Against the local cluster in `CASTELLAN_KUBECONFIG` (`make bench-scale` brings up
 //! its own, port base 56000, and tears it down). The measured operator and agent are
 //! the release build (`$CARGO_TARGET_DIR/release/castellan`, as deployed), run as host
-//! processes so that /proc gives their memory and CPU time; the nodes run the debug
-//! build's instance managers. Three parts:
+//! processes so that /proc gives their memory and CPU time; the nodes run the same
+//! release build's instance managers (`make bench-scale` gives them an image map that
+//! says so). Three parts:
 //!
 //! 1. **Castellan, real clusters.** `BENCH_CLUSTERS` (default 100) single-instance
 //!    PostgreSQL 15 clusters (`shared_buffers` 16MB, `max_connections` 20: small pods)
