@@ -26,6 +26,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::observe::Observed;
+use crate::kube_ops::NODE_LABEL;
 
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "castellan-agent";
@@ -36,8 +37,6 @@ pub const DEGRADED: &str = "Degraded";
 pub fn supervisor_manager(node: &str) -> String {
     format!("castellan-agent-supervisor/{node}")
 }
-/// Label naming the node a `BlockDevice` is on, to list one node's objects.
-pub const NODE_LABEL: &str = "castellan.io/node";
 /// `status.lastSeen` of an attached disk is refreshed at most this often, so an idle
 /// node does not write every object on every rescan.
 pub const LAST_SEEN_REFRESH: SignedDuration = SignedDuration::from_mins(10);

@@ -263,7 +263,7 @@ pub(crate) mod tests {
         object.metadata = ObjectMeta {
             name: Some("disk-a".into()),
             generation: Some(3),
-            labels: Some([(inventory::NODE_LABEL.to_string(), "n1".to_string())].into()),
+            labels: Some([(crate::kube_ops::NODE_LABEL.to_string(), "n1".to_string())].into()),
             ..Default::default()
         };
         object.status = Some(BlockDeviceStatus {

@@ -21,8 +21,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::machine::HEALTHY;
-use crate::agent::disk::inventory::NODE_LABEL;
-use crate::agent::volume::machine::POOL_LABEL;
+use crate::kube_ops::{NODE_LABEL, POOL_LABEL};
 
 /// The claim's condition type.
 pub const CONDITION: &str = "PoolHealthy";

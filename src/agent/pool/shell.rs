@@ -40,13 +40,12 @@ use super::storage_class;
 use super::totals;
 use crate::agent::btrfs::{self, Show, Usage};
 use crate::agent::children::{Next, StorageLock};
-use crate::agent::disk::inventory::NODE_LABEL;
 use crate::agent::disk::observe::{Observed, Sources, still_the_disk};
 use crate::agent::disk::probe::SignatureKind;
 use crate::agent::host::{self, run};
 use crate::agent::reported::Reported;
-use crate::agent::volume::machine as volume;
 use crate::cadence::Cadence;
+use crate::kube_ops::{NODE_LABEL, POOL_FINALIZER, POOL_LABEL, node_entry_manager};
 use castellan_crds::storage_pool::PoolScrubStatus;
 
 /// Field manager of the StorageClass writes (the same on every node: same content).
@@ -333,7 +332,7 @@ impl Pools {
         if let Some(fresh) = fresh {
             let entries = fresh.status.as_ref().map_or(0, |status| status.nodes.len());
             if deletion::finalizer_removable(entries, volumes.len())
-                && fresh.finalizers().iter().any(|f| f == deletion::FINALIZER)
+                && fresh.finalizers().iter().any(|f| f == POOL_FINALIZER)
             {
                 self.set_finalizer(&fresh, false).await?;
                 tracing::info!(node = %self.node, pool = %name, "pool released on every node; finalizer removed");
@@ -347,7 +346,7 @@ impl Pools {
 
     async fn pool_volumes(&self, pool: &str) -> Result<Vec<String>, PoolsError> {
         Api::<PersistentVolume>::all(self.client.clone())
-            .list_metadata(&ListParams::default().labels(&format!("{}={pool}", volume::POOL_LABEL)))
+            .list_metadata(&ListParams::default().labels(&format!("{POOL_LABEL}={pool}")))
             .await
             .map(|list| list.items.iter().map(|pv| pv.name_any()).collect())
             .map_err(|source| PoolsError::Apply {
@@ -362,11 +361,11 @@ impl Pools {
         let mut finalizers: Vec<String> = pool
             .finalizers()
             .iter()
-            .filter(|f| *f != deletion::FINALIZER)
+            .filter(|f| *f != POOL_FINALIZER)
             .cloned()
             .collect();
         if present {
-            finalizers.push(deletion::FINALIZER.to_string());
+            finalizers.push(POOL_FINALIZER.to_string());
         }
         let patch = json!({"metadata": {
             "finalizers": finalizers,
@@ -510,7 +509,7 @@ impl Pools {
         devices: &[BlockDevice],
     ) -> Result<Option<Duration>, PoolsError> {
         let name = pool.name_any();
-        if !pool.finalizers().iter().any(|f| f == deletion::FINALIZER) {
+        if !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
             // Before anything is built: a pool deleted later must be released first.
             self.set_finalizer(pool, true).await?;
         }
@@ -1030,7 +1029,7 @@ impl Pools {
             "metadata": { "name": name },
             "status": {},
         });
-        let manager = format!("castellan-agent/{}", self.node);
+        let manager = node_entry_manager(&self.node);
         Api::<StoragePool>::all(self.client.clone())
             .patch_status(
                 &name,
@@ -1174,7 +1173,7 @@ impl Pools {
             "metadata": { "name": name },
             "status": { "nodes": [status] },
         });
-        let manager = format!("castellan-agent/{}", self.node);
+        let manager = node_entry_manager(&self.node);
         Api::<StoragePool>::all(self.client.clone())
             .patch_status(
                 &name,

@@ -30,15 +30,15 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::machine::{
-    self as volume, Action, Claim, ClaimKey, FINALIZER, POOL_LABEL, PROVISIONED_BY_ANNOTATION,
-    PROVISIONER, PoolOnNode, Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
+    self as volume, Action, Claim, ClaimKey, PROVISIONED_BY_ANNOTATION, PROVISIONER, PoolOnNode,
+    Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
 };
 use crate::agent::btrfs;
 use crate::agent::children::StorageLock;
-use crate::agent::disk::inventory::NODE_LABEL;
 use crate::agent::host::{self, run};
 use crate::agent::pool::totals;
 use crate::agent::reported::Reported;
+use crate::kube_ops::{NODE_LABEL, POOL_LABEL, VOLUME_FINALIZER};
 use castellan_crds::quantity::parse_bytes;
 
 /// Why a pass failed before it could decide anything.
@@ -409,7 +409,7 @@ impl Volumes {
         let finalizers: Vec<&String> = object
             .finalizers()
             .iter()
-            .filter(|f| *f != FINALIZER)
+            .filter(|f| *f != VOLUME_FINALIZER)
             .collect();
         if finalizers.len() == object.finalizers().len() {
             return Ok(());
@@ -613,7 +613,7 @@ fn volume_of(pv: &PersistentVolume) -> Option<Volume> {
         finalizer: pv
             .finalizers()
             .iter()
-            .any(|finalizer| finalizer == FINALIZER),
+            .any(|finalizer| finalizer == VOLUME_FINALIZER),
     })
 }
 
@@ -644,7 +644,7 @@ pub fn build_volume(
             "name": volume,
             "labels": { NODE_LABEL: node, POOL_LABEL: pool },
             "annotations": { PROVISIONED_BY_ANNOTATION: PROVISIONER },
-            "finalizers": [FINALIZER],
+            "finalizers": [VOLUME_FINALIZER],
         },
         "spec": {
             "capacity": { "storage": totals::quantity(size_bytes) },
@@ -719,7 +719,7 @@ mod tests {
         assert_eq!(value["metadata"]["name"], "pvc-u-1");
         assert_eq!(value["metadata"]["labels"][NODE_LABEL], "node-1");
         assert_eq!(value["metadata"]["labels"][POOL_LABEL], "fast");
-        assert_eq!(value["metadata"]["finalizers"][0], FINALIZER);
+        assert_eq!(value["metadata"]["finalizers"][0], VOLUME_FINALIZER);
         assert_eq!(
             value["metadata"]["annotations"][PROVISIONED_BY_ANNOTATION],
             PROVISIONER

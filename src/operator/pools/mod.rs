@@ -27,11 +27,10 @@ use serde_json::json;
 use super::cluster::Note;
 use super::cluster::plan::NodeHealth;
 use super::context::Shared;
+use crate::kube_ops::{
+    NODE_LABEL, POOL_FINALIZER, POOL_LABEL, VOLUME_FINALIZER, node_entry_manager,
+};
 use machine::{Observed, RELEASE_ANNOTATION, Volume};
-
-/// Where the agent's volumes name their pool and node.
-const POOL_LABEL: &str = crate::agent::volume::machine::POOL_LABEL;
-const NODE_LABEL: &str = crate::agent::disk::inventory::NODE_LABEL;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{what} for StoragePool {pool}: {source}")]
@@ -110,10 +109,7 @@ async fn reconcile(pool: Arc<StoragePool>, shared: Arc<Shared>) -> Result<Action
         ready,
         volumes,
         deleting: pool.meta().deletion_timestamp.is_some(),
-        has_finalizer: pool
-            .finalizers()
-            .iter()
-            .any(|f| f == machine::POOL_FINALIZER),
+        has_finalizer: pool.finalizers().iter().any(|f| f == POOL_FINALIZER),
     };
     let plan = machine::decide(&observed);
     let pools: Api<StoragePool> = Api::all(client.clone());
@@ -128,7 +124,7 @@ async fn reconcile(pool: Arc<StoragePool>, shared: Arc<Shared>) -> Result<Action
         pools
             .patch_status(
                 &name,
-                &PatchParams::apply(&format!("castellan-agent/{node}")).force(),
+                &PatchParams::apply(&node_entry_manager(node)).force(),
                 &Patch::Apply(&empty),
             )
             .await
@@ -141,7 +137,7 @@ async fn reconcile(pool: Arc<StoragePool>, shared: Arc<Shared>) -> Result<Action
         let kept: Vec<&String> = pv
             .finalizers()
             .iter()
-            .filter(|f| *f != machine::VOLUME_FINALIZER)
+            .filter(|f| *f != VOLUME_FINALIZER)
             .collect();
         let patch = json!({ "metadata": {
             "finalizers": kept,
@@ -169,7 +165,7 @@ async fn reconcile(pool: Arc<StoragePool>, shared: Arc<Shared>) -> Result<Action
         let kept: Vec<&String> = pool
             .finalizers()
             .iter()
-            .filter(|f| *f != machine::POOL_FINALIZER)
+            .filter(|f| *f != POOL_FINALIZER)
             .collect();
         metadata["finalizers"] = json!(kept);
     }
