@@ -1,9 +1,17 @@
-//! The Kubernetes names that several controllers share, operator and node agent alike:
-//! the labels and finalizers one of them sets and another reads, and the field manager
-//! of a node's entry in a pool's status.
+//! The Kubernetes names and writes that several controllers share, operator and node
+//! agent alike: the labels and finalizers one of them sets and another reads, the field
+//! manager of a node's entry in a pool's status, and a status applied with server-side
+//! apply.
 //!
-//! One copy, so that two writers of the same object cannot drift apart on a name. It
-//! decides nothing: which fields to write, and when, stays with each caller.
+//! One copy, so that two writers of the same object cannot drift apart on a name or on
+//! how a write is made. It decides nothing: which fields to write, and when, stays with
+//! each caller, and so does what an error means to it.
+
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 
 /// Label every object of a DatabaseCluster carries (its pods, Services, claims, and the
 /// Backups its schedules make): the cluster's name.
@@ -29,4 +37,66 @@ pub const VOLUME_FINALIZER: &str = "castellan.io/volume";
 /// manager owned.
 pub fn node_entry_manager(node: &str) -> String {
     format!("castellan-agent/{node}")
+}
+
+/// `status` as the whole object that server-side apply to `K`'s status subresource
+/// wants. apiVersion and kind come from the type, the one the `Api` it is sent through
+/// serves, so the two cannot disagree.
+pub fn status_object<K: Resource<DynamicType = ()>>(name: &str, status: &impl Serialize) -> Value {
+    json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": { "name": name },
+        "status": status,
+    })
+}
+
+/// Applies `status` to the object `name` under `field_manager`, forcing. Each of
+/// Castellan's field managers is the only writer of the status fields it applies, so a
+/// conflict is ownership to take over (a leftover of an older manager name, or, when the
+/// operator releases a node, that node's agent's entry), not another writer's opinion.
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    field_manager: &str,
+    status: &impl Serialize,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned,
+{
+    api.patch_status(
+        name,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(status_object::<K>(name, status)),
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
+    use k8s_openapi::api::core::v1::PersistentVolume;
+
+    #[test]
+    fn a_status_object_takes_its_api_version_and_kind_from_the_type() {
+        let status = BlockDeviceStatus {
+            state: Some(BlockDeviceState::Claimed),
+            ..Default::default()
+        };
+        assert_eq!(
+            status_object::<BlockDevice>("node-a-serial-1", &status),
+            json!({
+                "apiVersion": "castellan.io/v1alpha1",
+                "kind": "BlockDevice",
+                "metadata": { "name": "node-a-serial-1" },
+                "status": { "state": "Claimed" },
+            })
+        );
+        let core = status_object::<PersistentVolume>("pvc-1", &json!({}));
+        assert_eq!(
+            (&core["apiVersion"], &core["kind"]),
+            (&json!("v1"), &json!("PersistentVolume"))
+        );
+    }
 }

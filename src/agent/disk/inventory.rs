@@ -26,7 +26,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::observe::Observed;
-use crate::kube_ops::NODE_LABEL;
+use crate::kube_ops::{NODE_LABEL, apply_status};
 
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "castellan-agent";
@@ -210,20 +210,14 @@ impl Inventory {
             })
             .into_iter()
             .collect();
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "BlockDevice",
-            "metadata": { "name": device },
-            "status": { "conditions": conditions },
-        });
-        self.api
-            .patch_status(
-                device,
-                &PatchParams::apply(&supervisor_manager(&self.node)).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
+        apply_status(
+            &self.api,
+            device,
+            &supervisor_manager(&self.node),
+            &json!({ "conditions": conditions }),
+        )
+        .await
+        .map(drop)
     }
 
     /// Makes one write of the plan to the object, whose `metadata.generation` was
@@ -266,14 +260,7 @@ impl Inventory {
                 observed_generation: generation,
                 ..status.clone()
             };
-            let object = json!({
-                "apiVersion": "castellan.io/v1alpha1",
-                "kind": "BlockDevice",
-                "metadata": { "name": write.name },
-                "status": status,
-            });
-            self.api
-                .patch_status(&write.name, &params, &Patch::Apply(&object))
+            apply_status(&self.api, &write.name, FIELD_MANAGER, &status)
                 .await
                 .map_err(|source| InventoryError::ApplyStatus {
                     name: write.name.clone(),

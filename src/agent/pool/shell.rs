@@ -45,7 +45,9 @@ use crate::agent::disk::probe::SignatureKind;
 use crate::agent::host::{self, run};
 use crate::agent::reported::Reported;
 use crate::cadence::Cadence;
-use crate::kube_ops::{NODE_LABEL, POOL_FINALIZER, POOL_LABEL, node_entry_manager};
+use crate::kube_ops::{
+    NODE_LABEL, POOL_FINALIZER, POOL_LABEL, apply_status, node_entry_manager, status_object,
+};
 use castellan_crds::storage_pool::PoolScrubStatus;
 
 /// Field manager of the StorageClass writes (the same on every node: same content).
@@ -413,58 +415,47 @@ impl Pools {
             || Timestamp::now().to_string(),
             |c| c.last_transition_time.0.to_string(),
         );
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "StoragePool",
-            "metadata": { "name": name },
-            "status": { "conditions": [{
-                "type": DELETING_CONDITION,
-                "status": "True",
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": since,
-                "observedGeneration": pool.metadata.generation,
-            }]},
-        });
-        Api::<StoragePool>::all(self.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(DELETION_FIELD_MANAGER).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
-            .map_err(|source| PoolsError::Apply {
-                what: "the Deleting condition",
-                name: format!("StoragePool {name}"),
-                source,
-            })
+        let status = json!({ "conditions": [{
+            "type": DELETING_CONDITION,
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+            "observedGeneration": pool.metadata.generation,
+        }]});
+        apply_status(
+            &Api::<StoragePool>::all(self.client.clone()),
+            &name,
+            DELETION_FIELD_MANAGER,
+            &status,
+        )
+        .await
+        .map(drop)
+        .map_err(|source| PoolsError::Apply {
+            what: "the Deleting condition",
+            name: format!("StoragePool {name}"),
+            source,
+        })
     }
 
     /// Gives a released disk back to the inventory: applying an empty status under the
     /// pool pass's field manager drops `state`, `pool` and `message`, and the
     /// inventory's next look writes `Unclaimed` with what it sees now.
     async fn release_device(&self, device: &str) -> Result<(), PoolsError> {
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "BlockDevice",
-            "metadata": { "name": device },
-            "status": {},
-        });
         let manager = format!("castellan-agent-pools/{}", self.node);
-        Api::<BlockDevice>::all(self.client.clone())
-            .patch_status(
-                device,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
-            .map_err(|source| PoolsError::Apply {
-                what: "the status (releasing)",
-                name: format!("BlockDevice {device}"),
-                source,
-            })
+        apply_status(
+            &Api::<BlockDevice>::all(self.client.clone()),
+            device,
+            &manager,
+            &json!({}),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| PoolsError::Apply {
+            what: "the status (releasing)",
+            name: format!("BlockDevice {device}"),
+            source,
+        })
     }
 
     /// Whether `message` is new for this object (and remembers it).
@@ -1023,25 +1014,18 @@ impl Pools {
         }
         let name = pool.name_any();
         tracing::info!(node = %self.node, pool = %name, "the pool no longer selects this node; removing its status entry");
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "StoragePool",
-            "metadata": { "name": name },
-            "status": {},
-        });
-        let manager = node_entry_manager(&self.node);
-        Api::<StoragePool>::all(self.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map_err(|source| PoolsError::Apply {
-                what: "this node's status (removing it)",
-                name: format!("StoragePool {name}"),
-                source,
-            })?;
+        apply_status(
+            &Api::<StoragePool>::all(self.client.clone()),
+            &name,
+            &node_entry_manager(&self.node),
+            &json!({}),
+        )
+        .await
+        .map_err(|source| PoolsError::Apply {
+            what: "this node's status (removing it)",
+            name: format!("StoragePool {name}"),
+            source,
+        })?;
         self.apply_totals(&name).await
     }
 
@@ -1092,11 +1076,9 @@ impl Pools {
             if current == wanted {
                 return Ok(());
             }
-            let object = json!({
-                "apiVersion": "castellan.io/v1alpha1",
-                "kind": "StoragePool",
-                "metadata": { "name": name, "resourceVersion": pool.resource_version() },
-                "status": {
+            let mut object = status_object::<StoragePool>(
+                name,
+                &json!({
                     "observedGeneration": pool.metadata.generation,
                     "capacity": totals.capacity,
                     "allocated": totals.allocated,
@@ -1104,8 +1086,10 @@ impl Pools {
                     "readyNodes": totals.ready_nodes,
                     "phase": totals.phase,
                     "conditions": totals.conditions,
-                },
-            });
+                }),
+            );
+            // The precondition: a conflict, not a lost entry, when another node wrote.
+            object["metadata"]["resourceVersion"] = json!(pool.resource_version());
             let params = PatchParams::apply(TOTALS_FIELD_MANAGER).force();
             match api
                 .patch_status(name, &params, &Patch::Apply(&object))
@@ -1139,26 +1123,20 @@ impl Pools {
             message: Some(message),
             ..Default::default()
         };
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "BlockDevice",
-            "metadata": { "name": device },
-            "status": status,
-        });
         let manager = format!("castellan-agent-pools/{}", self.node);
-        Api::<BlockDevice>::all(self.client.clone())
-            .patch_status(
-                device,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
-            .map_err(|source| PoolsError::Apply {
-                what: "the status",
-                name: format!("BlockDevice {device}"),
-                source,
-            })
+        apply_status(
+            &Api::<BlockDevice>::all(self.client.clone()),
+            device,
+            &manager,
+            &status,
+        )
+        .await
+        .map(drop)
+        .map_err(|source| PoolsError::Apply {
+            what: "the status",
+            name: format!("BlockDevice {device}"),
+            source,
+        })
     }
 
     async fn apply_node_status(
@@ -1167,26 +1145,19 @@ impl Pools {
         status: &castellan_crds::storage_pool::PoolNodeStatus,
     ) -> Result<(), PoolsError> {
         let name = pool.name_any();
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "StoragePool",
-            "metadata": { "name": name },
-            "status": { "nodes": [status] },
-        });
-        let manager = node_entry_manager(&self.node);
-        Api::<StoragePool>::all(self.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
-            .map_err(|source| PoolsError::Apply {
-                what: "this node's status",
-                name: format!("StoragePool {name}"),
-                source,
-            })
+        apply_status(
+            &Api::<StoragePool>::all(self.client.clone()),
+            &name,
+            &node_entry_manager(&self.node),
+            &json!({ "nodes": [status] }),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| PoolsError::Apply {
+            what: "this node's status",
+            name: format!("StoragePool {name}"),
+            source,
+        })
     }
 
     async fn apply_storage_class(&self, pool: &StoragePool) -> Result<(), PoolsError> {

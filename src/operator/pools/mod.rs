@@ -28,7 +28,7 @@ use super::cluster::Note;
 use super::cluster::plan::NodeHealth;
 use super::context::Shared;
 use crate::kube_ops::{
-    NODE_LABEL, POOL_FINALIZER, POOL_LABEL, VOLUME_FINALIZER, node_entry_manager,
+    NODE_LABEL, POOL_FINALIZER, POOL_LABEL, VOLUME_FINALIZER, apply_status, node_entry_manager,
 };
 use machine::{Observed, RELEASE_ANNOTATION, Volume};
 
@@ -115,18 +115,7 @@ async fn reconcile(pool: Arc<StoragePool>, shared: Arc<Shared>) -> Result<Action
     let pools: Api<StoragePool> = Api::all(client.clone());
     let reference = pool.object_ref(&());
     for node in &plan.release {
-        let empty = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "StoragePool",
-            "metadata": { "name": name },
-            "status": {},
-        });
-        pools
-            .patch_status(
-                &name,
-                &PatchParams::apply(&node_entry_manager(node)).force(),
-                &Patch::Apply(&empty),
-            )
+        apply_status(&pools, &name, &node_entry_manager(node), &json!({}))
             .await
             .map_err(kube_error(format!("removing node {node}'s entry"), &name))?;
     }
