@@ -1,14 +1,17 @@
 //! The Kubernetes names and writes that several controllers share, operator and node
 //! agent alike: the labels and finalizers one of them sets and another reads, the field
-//! manager of a node's entry in a pool's status, and a status applied with server-side
-//! apply.
+//! manager of a node's entry in a pool's status, a status applied with server-side
+//! apply, and a finalizer added or removed under the resource version it was read at.
 //!
 //! One copy, so that two writers of the same object cannot drift apart on a name or on
 //! how a write is made. It decides nothing: which fields to write, and when, stays with
-//! each caller, and so does what an error means to it.
+//! each caller, and so does what an error means to it (a 404 on a finalizer being
+//! removed is "done" for one caller and a failure for another).
 
-use kube::Resource;
+use std::fmt::Debug;
+
 use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -72,11 +75,52 @@ where
     .await
 }
 
+/// The merge patch that gives `object` the finalizers it has, with `finalizer` present
+/// (added last) or not. A merge patch replaces the whole list, so it carries the
+/// resource version the list was read at: when another writer changed the object
+/// meanwhile, the API server refuses it with 409 Conflict instead of the patch undoing
+/// that writer's finalizer.
+pub fn finalizer_patch(object: &impl Resource, finalizer: &str, present: bool) -> Value {
+    let mut finalizers: Vec<&str> = object
+        .finalizers()
+        .iter()
+        .map(String::as_str)
+        .filter(|f| *f != finalizer)
+        .collect();
+    if present {
+        finalizers.push(finalizer);
+    }
+    json!({ "metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": object.resource_version(),
+    }})
+}
+
+/// Adds (`present`) or removes `finalizer` on `object` as it was read, with
+/// [`finalizer_patch`]; a 409 Conflict means the object changed since.
+pub async fn set_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+    present: bool,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    api.patch(
+        &object.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(finalizer_patch(object, finalizer, present)),
+    )
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
     use k8s_openapi::api::core::v1::PersistentVolume;
+    use kube::api::ObjectMeta;
 
     #[test]
     fn a_status_object_takes_its_api_version_and_kind_from_the_type() {
@@ -98,5 +142,55 @@ mod tests {
             (&core["apiVersion"], &core["kind"]),
             (&json!("v1"), &json!("PersistentVolume"))
         );
+    }
+
+    fn volume(finalizers: &[&str]) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some("pvc-1".into()),
+                resource_version: Some("42".into()),
+                finalizers: Some(finalizers.iter().map(|f| f.to_string()).collect()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn adding_a_finalizer_keeps_the_others_and_the_version_read() {
+        let patch = finalizer_patch(
+            &volume(&["kubernetes.io/pv-protection"]),
+            VOLUME_FINALIZER,
+            true,
+        );
+        assert_eq!(
+            patch,
+            json!({ "metadata": {
+                "finalizers": ["kubernetes.io/pv-protection", VOLUME_FINALIZER],
+                "resourceVersion": "42",
+            }})
+        );
+        // Present already: still once.
+        let again = finalizer_patch(&volume(&[VOLUME_FINALIZER]), VOLUME_FINALIZER, true);
+        assert_eq!(again["metadata"]["finalizers"], json!([VOLUME_FINALIZER]));
+    }
+
+    #[test]
+    fn removing_a_finalizer_keeps_the_others_and_the_version_read() {
+        let patch = finalizer_patch(
+            &volume(&[VOLUME_FINALIZER, "kubernetes.io/pv-protection"]),
+            VOLUME_FINALIZER,
+            false,
+        );
+        assert_eq!(
+            patch,
+            json!({ "metadata": {
+                "finalizers": ["kubernetes.io/pv-protection"],
+                "resourceVersion": "42",
+            }})
+        );
+        // The last one removed: an empty list.
+        let last = finalizer_patch(&volume(&[VOLUME_FINALIZER]), VOLUME_FINALIZER, false);
+        assert_eq!(last["metadata"]["finalizers"], json!([]));
     }
 }

@@ -46,7 +46,7 @@ use crate::agent::host::{self, run};
 use crate::agent::reported::Reported;
 use crate::cadence::Cadence;
 use crate::kube_ops::{
-    NODE_LABEL, POOL_FINALIZER, POOL_LABEL, apply_status, node_entry_manager, status_object,
+    self, NODE_LABEL, POOL_FINALIZER, POOL_LABEL, apply_status, node_entry_manager, status_object,
 };
 use castellan_crds::storage_pool::PoolScrubStatus;
 
@@ -360,24 +360,9 @@ impl Pools {
 
     /// Adds or removes the pool's finalizer, guarded by the resource version read.
     async fn set_finalizer(&self, pool: &StoragePool, present: bool) -> Result<(), PoolsError> {
-        let mut finalizers: Vec<String> = pool
-            .finalizers()
-            .iter()
-            .filter(|f| *f != POOL_FINALIZER)
-            .cloned()
-            .collect();
-        if present {
-            finalizers.push(POOL_FINALIZER.to_string());
-        }
-        let patch = json!({"metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": pool.resource_version(),
-        }});
         let name = pool.name_any();
-        match Api::<StoragePool>::all(self.client.clone())
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let pools = Api::<StoragePool>::all(self.client.clone());
+        match kube_ops::set_finalizer(&pools, pool, POOL_FINALIZER, present).await {
             Ok(_) => Ok(()),
             // Another node removed it and the pool is gone: done.
             Err(kube::Error::Api(status)) if status.code == 404 && !present => Ok(()),

@@ -38,7 +38,7 @@ use crate::agent::children::StorageLock;
 use crate::agent::host::{self, run};
 use crate::agent::pool::totals;
 use crate::agent::reported::Reported;
-use crate::kube_ops::{NODE_LABEL, POOL_LABEL, VOLUME_FINALIZER};
+use crate::kube_ops::{NODE_LABEL, POOL_LABEL, VOLUME_FINALIZER, set_finalizer};
 use castellan_crds::quantity::parse_bytes;
 
 /// Why a pass failed before it could decide anything.
@@ -406,23 +406,11 @@ impl Volumes {
         let Some(object) = volumes.iter().find(|pv| pv.name_any() == volume) else {
             return Ok(());
         };
-        let finalizers: Vec<&String> = object
-            .finalizers()
-            .iter()
-            .filter(|f| *f != VOLUME_FINALIZER)
-            .collect();
-        if finalizers.len() == object.finalizers().len() {
+        if !object.finalizers().iter().any(|f| f == VOLUME_FINALIZER) {
             return Ok(());
         }
-        // The resource version guards against dropping a finalizer added meanwhile.
-        let patch = json!({"metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": object.resource_version(),
-        }});
-        match Api::<PersistentVolume>::all(self.client.clone())
-            .patch(volume, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let volumes = Api::<PersistentVolume>::all(self.client.clone());
+        match set_finalizer(&volumes, object, VOLUME_FINALIZER, false).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(error) => Err(format!(
