@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use castellan_crds::block_device::{
     BlockDevice, BlockDeviceSpec, BlockDeviceState, BlockDeviceStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -232,19 +232,17 @@ impl Inventory {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let mut generation = generation;
         if let Some(spec) = &write.spec {
-            let mut metadata = json!({
-                "name": write.name,
-                "labels": { NODE_LABEL: self.node },
-            });
-            if let Some(owner) = &self.owner {
-                metadata["ownerReferences"] = json!([owner]);
-            }
-            let object = json!({
-                "apiVersion": "castellan.io/v1alpha1",
-                "kind": "BlockDevice",
-                "metadata": metadata,
-                "spec": spec,
-            });
+            let object = BlockDevice {
+                metadata: ObjectMeta {
+                    name: Some(write.name.clone()),
+                    labels: Some([(NODE_LABEL.to_string(), self.node.clone())].into()),
+                    owner_references: self.owner.clone().map(|owner| vec![owner]),
+                    ..ObjectMeta::default()
+                },
+                spec: spec.clone(),
+                // Not sent: the spec and the status are applied apart.
+                status: None,
+            };
             let applied = self
                 .api
                 .patch(&write.name, &params, &Patch::Apply(&object))

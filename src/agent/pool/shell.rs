@@ -1146,9 +1146,8 @@ impl Pools {
     }
 
     async fn apply_storage_class(&self, pool: &StoragePool) -> Result<(), PoolsError> {
-        let mut class = serde_json::to_value(storage_class::build(pool)).unwrap_or_default();
-        class["apiVersion"] = json!("storage.k8s.io/v1");
-        class["kind"] = json!("StorageClass");
+        // A typed object serializes its own apiVersion and kind.
+        let class = storage_class::build(pool);
         let name = pool.spec.storage_class.name.clone();
         Api::<StorageClass>::all(self.client.clone())
             .patch(
