@@ -14,6 +14,7 @@ mod event_note;
 mod exposition;
 mod instance;
 mod instance_api;
+mod kube_ops;
 mod operator;
 mod pki;
 mod plugin;

@@ -21,8 +21,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::btrfs::DeviceErrors;
-use super::disk::inventory::NODE_LABEL;
 use super::pool::machine::{DEGRADED, FAILED, HEALTHY, PENDING};
+use crate::kube_ops::NODE_LABEL;
 
 /// How long a scrape may wait for the API server.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);

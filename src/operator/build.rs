@@ -27,12 +27,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
 use crate::instance_api::Access;
+use crate::kube_ops::{CLUSTER_LABEL, INSTANCE_LABEL};
 use crate::pki::Issued;
 
-/// Label every owned object carries: the cluster's name.
-pub const CLUSTER_LABEL: &str = "castellan.io/cluster";
-/// Label of a pod and its volume: the instance's name.
-pub const INSTANCE_LABEL: &str = "castellan.io/instance";
 /// Label of a pod: `primary` or `replica`; the Services select on it.
 pub const ROLE_LABEL: &str = "castellan.io/role";
 /// The image every database pod runs (the instance manager with PostgreSQL).

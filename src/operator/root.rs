@@ -46,12 +46,12 @@ pub async fn report_failing_clusters(
             failed.insert(report.key.clone(), edition(&cluster));
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let patch = json!({ "status": {
+        let status = json!({
             "phase": "Degraded",
             "conditions": [plan::degraded_condition(&cluster, Some(&reason), &now)],
-        }});
+        });
         if let Err(error) =
-            pass::write_status_as(&shared.client, &cluster, &patch, "castellan-supervisor").await
+            pass::write_status_as(&shared.client, &cluster, &status, "castellan-supervisor").await
         {
             tracing::warn!(cluster = %report.key, %error, "could not mark the cluster Degraded");
         }

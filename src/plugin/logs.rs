@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, LogParams};
 
 use super::Target;
-use crate::operator::build::{CLUSTER_LABEL, INSTANCE_LABEL};
+use crate::kube_ops::{CLUSTER_LABEL, INSTANCE_LABEL};
 
 #[derive(Args)]
 pub struct LogsArgs {

@@ -17,7 +17,7 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use super::Target;
-use crate::operator::build::CLUSTER_LABEL;
+use crate::kube_ops::CLUSTER_LABEL;
 
 #[derive(Args)]
 pub struct ReportArgs {

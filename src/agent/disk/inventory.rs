@@ -19,13 +19,14 @@ use std::collections::BTreeMap;
 use castellan_crds::block_device::{
     BlockDevice, BlockDeviceSpec, BlockDeviceState, BlockDeviceStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::observe::Observed;
+use crate::kube_ops::{NODE_LABEL, apply_status};
 
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "castellan-agent";
@@ -36,8 +37,6 @@ pub const DEGRADED: &str = "Degraded";
 pub fn supervisor_manager(node: &str) -> String {
     format!("castellan-agent-supervisor/{node}")
 }
-/// Label naming the node a `BlockDevice` is on, to list one node's objects.
-pub const NODE_LABEL: &str = "castellan.io/node";
 /// `status.lastSeen` of an attached disk is refreshed at most this often, so an idle
 /// node does not write every object on every rescan.
 pub const LAST_SEEN_REFRESH: SignedDuration = SignedDuration::from_mins(10);
@@ -211,20 +210,14 @@ impl Inventory {
             })
             .into_iter()
             .collect();
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "BlockDevice",
-            "metadata": { "name": device },
-            "status": { "conditions": conditions },
-        });
-        self.api
-            .patch_status(
-                device,
-                &PatchParams::apply(&supervisor_manager(&self.node)).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
+        apply_status(
+            &self.api,
+            device,
+            &supervisor_manager(&self.node),
+            &json!({ "conditions": conditions }),
+        )
+        .await
+        .map(drop)
     }
 
     /// Makes one write of the plan to the object, whose `metadata.generation` was
@@ -239,19 +232,17 @@ impl Inventory {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let mut generation = generation;
         if let Some(spec) = &write.spec {
-            let mut metadata = json!({
-                "name": write.name,
-                "labels": { NODE_LABEL: self.node },
-            });
-            if let Some(owner) = &self.owner {
-                metadata["ownerReferences"] = json!([owner]);
-            }
-            let object = json!({
-                "apiVersion": "castellan.io/v1alpha1",
-                "kind": "BlockDevice",
-                "metadata": metadata,
-                "spec": spec,
-            });
+            let object = BlockDevice {
+                metadata: ObjectMeta {
+                    name: Some(write.name.clone()),
+                    labels: Some([(NODE_LABEL.to_string(), self.node.clone())].into()),
+                    owner_references: self.owner.clone().map(|owner| vec![owner]),
+                    ..ObjectMeta::default()
+                },
+                spec: spec.clone(),
+                // Not sent: the spec and the status are applied apart.
+                status: None,
+            };
             let applied = self
                 .api
                 .patch(&write.name, &params, &Patch::Apply(&object))
@@ -267,14 +258,7 @@ impl Inventory {
                 observed_generation: generation,
                 ..status.clone()
             };
-            let object = json!({
-                "apiVersion": "castellan.io/v1alpha1",
-                "kind": "BlockDevice",
-                "metadata": { "name": write.name },
-                "status": status,
-            });
-            self.api
-                .patch_status(&write.name, &params, &Patch::Apply(&object))
+            apply_status(&self.api, &write.name, FIELD_MANAGER, &status)
                 .await
                 .map_err(|source| InventoryError::ApplyStatus {
                     name: write.name.clone(),

@@ -263,7 +263,7 @@ pub(crate) mod tests {
         object.metadata = ObjectMeta {
             name: Some("disk-a".into()),
             generation: Some(3),
-            labels: Some([(inventory::NODE_LABEL.to_string(), "n1".to_string())].into()),
+            labels: Some([(crate::kube_ops::NODE_LABEL.to_string(), "n1".to_string())].into()),
             ..Default::default()
         };
         object.status = Some(BlockDeviceStatus {
@@ -386,6 +386,19 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn missing_and_still_not_seen_writes_nothing() {
+        let now = Timestamp::now();
+        let (event, _wait) = seen_event(
+            None,
+            Some(object(BlockDeviceState::Missing, false, now)),
+            now,
+        );
+        let (state, effects) = DiskMachine::transition(with_phase(DiskPhase::Missing), event);
+        assert_eq!(state.phase, DiskPhase::Missing);
+        assert!(effects.is_empty());
+    }
+
+    #[test]
     fn member_unclaimed_again_is_released_then_unclaimed() {
         let now = Timestamp::now();
         let current = object(BlockDeviceState::Unclaimed, false, now);
@@ -395,6 +408,127 @@ pub(crate) mod tests {
         let (event, _wait) = seen_event(Some(observed(None)), Some(current), now);
         let (state, _) = DiskMachine::transition(state, event);
         assert_eq!(state.phase, DiskPhase::Unclaimed);
+    }
+
+    #[test]
+    fn claimed_or_failed_unclaimed_again_is_released() {
+        let now = Timestamp::now();
+        for before in [DiskPhase::Claimed, DiskPhase::Failed] {
+            let current = object(BlockDeviceState::Unclaimed, false, now);
+            let (event, _wait) = seen_event(Some(observed(None)), Some(current), now);
+            let (state, _) = DiskMachine::transition(with_phase(before), event);
+            assert_eq!(state.phase, DiskPhase::Released, "from {before:?}");
+        }
+    }
+
+    /// The refusal is checked first: a disk a pool let go that still carries data says
+    /// why it cannot be used, not that it was released.
+    #[test]
+    fn a_member_let_go_with_data_on_it_is_refused() {
+        let now = Timestamp::now();
+        let mut current = object(BlockDeviceState::Unclaimed, false, now);
+        if let Some(status) = current.status.as_mut() {
+            status.message = Some("carries btrfs".into());
+        }
+        let (event, _wait) = seen_event(Some(observed(Some("carries btrfs"))), Some(current), now);
+        let (state, effects) = DiskMachine::transition(with_phase(DiskPhase::Member), event);
+        assert_eq!(state.phase, DiskPhase::Refused);
+        assert!(effects.is_empty());
+    }
+
+    #[test]
+    fn missing_seen_again_is_written_unclaimed() {
+        let now = Timestamp::now();
+        let current = object(BlockDeviceState::Missing, false, now);
+        let (event, _wait) = seen_event(Some(observed(None)), Some(current), now);
+        let (state, effects) = DiskMachine::transition(with_phase(DiskPhase::Missing), event);
+        assert_eq!(state.phase, DiskPhase::Unclaimed);
+        let [
+            DiskEffect::Write {
+                write, generation, ..
+            },
+        ] = effects.as_slice()
+        else {
+            panic!("expected one write, got {effects:?}");
+        };
+        let status = write.status.as_ref().unwrap();
+        assert_eq!(
+            (status.state, status.last_seen.as_deref()),
+            (
+                Some(BlockDeviceState::Unclaimed),
+                Some(now.to_string().as_str())
+            )
+        );
+        // The write is of the object as it was read.
+        assert_eq!(*generation, Some(3));
+    }
+
+    #[test]
+    fn an_unclaimed_disk_is_refused_while_a_refusal_lasts_and_unclaimed_after() {
+        let now = Timestamp::now();
+        let free = object(BlockDeviceState::Unclaimed, false, now);
+        let (event, _wait) = seen_event(Some(observed(Some("mounted at /mnt"))), Some(free), now);
+        let (state, effects) = DiskMachine::transition(with_phase(DiskPhase::Unclaimed), event);
+        assert_eq!(state.phase, DiskPhase::Refused);
+        let [DiskEffect::Write { write, .. }] = effects.as_slice() else {
+            panic!("expected one write, got {effects:?}");
+        };
+        let written = write.status.as_ref().unwrap();
+        assert_eq!(written.message.as_deref(), Some("mounted at /mnt"));
+
+        let mut refused = object(BlockDeviceState::Unclaimed, false, now);
+        if let Some(status) = refused.status.as_mut() {
+            status.message = Some("mounted at /mnt".into());
+        }
+        let (event, _wait) = seen_event(Some(observed(None)), Some(refused), now);
+        let (state, effects) = DiskMachine::transition(state, event);
+        assert_eq!(state.phase, DiskPhase::Unclaimed);
+        let [DiskEffect::Write { write, .. }] = effects.as_slice() else {
+            panic!("expected one write, got {effects:?}");
+        };
+        let written = write.status.as_ref().unwrap();
+        assert_eq!(
+            (written.state, written.message.as_deref()),
+            (Some(BlockDeviceState::Unclaimed), None)
+        );
+    }
+
+    /// A state of `None` is the agent's to set: seen, the disk is written `Unclaimed`;
+    /// not seen, `Missing`. Only with neither an object nor a sighting (the object was
+    /// deleted while the disk was away) is there no state at all, and the disk is
+    /// `Discovered` again, with nothing to write until it is seen.
+    #[test]
+    fn an_object_without_a_state_takes_the_agents_and_without_an_object_it_is_discovered() {
+        let now = Timestamp::now();
+        let mut stateless = object(BlockDeviceState::Unclaimed, false, now);
+        if let Some(status) = stateless.status.as_mut() {
+            status.state = None;
+        }
+        for (seen, phase, written) in [
+            (
+                Some(observed(None)),
+                DiskPhase::Unclaimed,
+                BlockDeviceState::Unclaimed,
+            ),
+            (None, DiskPhase::Missing, BlockDeviceState::Missing),
+        ] {
+            let (event, _wait) = seen_event(seen, Some(stateless.clone()), now);
+            let (state, effects) = DiskMachine::transition(with_phase(DiskPhase::Released), event);
+            assert_eq!(state.phase, phase);
+            let [DiskEffect::Write { write, .. }] = effects.as_slice() else {
+                panic!("expected one write, got {effects:?}");
+            };
+            assert_eq!(write.status.as_ref().unwrap().state, Some(written));
+        }
+
+        let (event, mut wait) = seen_event(None, None, now);
+        let (state, effects) = DiskMachine::transition(with_phase(DiskPhase::Missing), event);
+        assert_eq!(state.phase, DiskPhase::Discovered);
+        assert!(effects.is_empty());
+        assert!(
+            wait.try_recv()
+                .is_err_and(|error| error == tokio::sync::oneshot::error::TryRecvError::Closed)
+        );
     }
 
     #[test]

@@ -21,9 +21,6 @@
 
 use std::path::PathBuf;
 
-/// The finalizer agents put on a pool they build.
-pub const FINALIZER: &str = "castellan.io/pool";
-
 /// One member disk of the pool on this node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Member {

@@ -21,8 +21,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::machine::HEALTHY;
-use crate::agent::disk::inventory::NODE_LABEL;
-use crate::agent::volume::machine::POOL_LABEL;
+use crate::kube_ops::{NODE_LABEL, POOL_LABEL, apply_status};
 
 /// The claim's condition type.
 pub const CONDITION: &str = "PoolHealthy";
@@ -127,25 +126,14 @@ pub async fn apply(
         claims
             .patch(&name, &PatchParams::default(), &Patch::Merge(&annotations))
             .await?;
-        let condition = json!({
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": { "name": name, "namespace": namespace },
-            "status": { "conditions": [{
+        let condition = json!({ "conditions": [{
                 "type": CONDITION,
                 "status": if now.healthy() { "True" } else { "False" },
                 "reason": now.health,
                 "message": format!("pool {pool} on node {node}: {}", if now.message.is_empty() { now.health.as_str() } else { now.message.as_str() }),
                 "lastTransitionTime": Timestamp::now().to_string(),
-            }]},
-        });
-        claims
-            .patch_status(
-                &name,
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&condition),
-            )
-            .await?;
+        }]});
+        apply_status(&claims, &name, MANAGER, &condition).await?;
         if let Some((type_, reason)) = event(previous.as_ref(), &now) {
             let note = if now.healthy() {
                 format!("pool {pool} is healthy again on node {node}")

@@ -40,13 +40,14 @@ use super::storage_class;
 use super::totals;
 use crate::agent::btrfs::{self, Show, Usage};
 use crate::agent::children::{Next, StorageLock};
-use crate::agent::disk::inventory::NODE_LABEL;
 use crate::agent::disk::observe::{Observed, Sources, still_the_disk};
 use crate::agent::disk::probe::SignatureKind;
 use crate::agent::host::{self, run};
 use crate::agent::reported::Reported;
-use crate::agent::volume::machine as volume;
 use crate::cadence::Cadence;
+use crate::kube_ops::{
+    self, NODE_LABEL, POOL_FINALIZER, POOL_LABEL, apply_status, node_entry_manager, status_object,
+};
 use castellan_crds::storage_pool::PoolScrubStatus;
 
 /// Field manager of the StorageClass writes (the same on every node: same content).
@@ -333,7 +334,7 @@ impl Pools {
         if let Some(fresh) = fresh {
             let entries = fresh.status.as_ref().map_or(0, |status| status.nodes.len());
             if deletion::finalizer_removable(entries, volumes.len())
-                && fresh.finalizers().iter().any(|f| f == deletion::FINALIZER)
+                && fresh.finalizers().iter().any(|f| f == POOL_FINALIZER)
             {
                 self.set_finalizer(&fresh, false).await?;
                 tracing::info!(node = %self.node, pool = %name, "pool released on every node; finalizer removed");
@@ -347,7 +348,7 @@ impl Pools {
 
     async fn pool_volumes(&self, pool: &str) -> Result<Vec<String>, PoolsError> {
         Api::<PersistentVolume>::all(self.client.clone())
-            .list_metadata(&ListParams::default().labels(&format!("{}={pool}", volume::POOL_LABEL)))
+            .list_metadata(&ListParams::default().labels(&format!("{POOL_LABEL}={pool}")))
             .await
             .map(|list| list.items.iter().map(|pv| pv.name_any()).collect())
             .map_err(|source| PoolsError::Apply {
@@ -359,24 +360,9 @@ impl Pools {
 
     /// Adds or removes the pool's finalizer, guarded by the resource version read.
     async fn set_finalizer(&self, pool: &StoragePool, present: bool) -> Result<(), PoolsError> {
-        let mut finalizers: Vec<String> = pool
-            .finalizers()
-            .iter()
-            .filter(|f| *f != deletion::FINALIZER)
-            .cloned()
-            .collect();
-        if present {
-            finalizers.push(deletion::FINALIZER.to_string());
-        }
-        let patch = json!({"metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": pool.resource_version(),
-        }});
         let name = pool.name_any();
-        match Api::<StoragePool>::all(self.client.clone())
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let pools = Api::<StoragePool>::all(self.client.clone());
+        match kube_ops::set_finalizer(&pools, pool, POOL_FINALIZER, present).await {
             Ok(_) => Ok(()),
             // Another node removed it and the pool is gone: done.
             Err(kube::Error::Api(status)) if status.code == 404 && !present => Ok(()),
@@ -414,58 +400,47 @@ impl Pools {
             || Timestamp::now().to_string(),
             |c| c.last_transition_time.0.to_string(),
         );
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "StoragePool",
-            "metadata": { "name": name },
-            "status": { "conditions": [{
-                "type": DELETING_CONDITION,
-                "status": "True",
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": since,
-                "observedGeneration": pool.metadata.generation,
-            }]},
-        });
-        Api::<StoragePool>::all(self.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(DELETION_FIELD_MANAGER).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
-            .map_err(|source| PoolsError::Apply {
-                what: "the Deleting condition",
-                name: format!("StoragePool {name}"),
-                source,
-            })
+        let status = json!({ "conditions": [{
+            "type": DELETING_CONDITION,
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+            "observedGeneration": pool.metadata.generation,
+        }]});
+        apply_status(
+            &Api::<StoragePool>::all(self.client.clone()),
+            &name,
+            DELETION_FIELD_MANAGER,
+            &status,
+        )
+        .await
+        .map(drop)
+        .map_err(|source| PoolsError::Apply {
+            what: "the Deleting condition",
+            name: format!("StoragePool {name}"),
+            source,
+        })
     }
 
     /// Gives a released disk back to the inventory: applying an empty status under the
     /// pool pass's field manager drops `state`, `pool` and `message`, and the
     /// inventory's next look writes `Unclaimed` with what it sees now.
     async fn release_device(&self, device: &str) -> Result<(), PoolsError> {
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "BlockDevice",
-            "metadata": { "name": device },
-            "status": {},
-        });
         let manager = format!("castellan-agent-pools/{}", self.node);
-        Api::<BlockDevice>::all(self.client.clone())
-            .patch_status(
-                device,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
-            .map_err(|source| PoolsError::Apply {
-                what: "the status (releasing)",
-                name: format!("BlockDevice {device}"),
-                source,
-            })
+        apply_status(
+            &Api::<BlockDevice>::all(self.client.clone()),
+            device,
+            &manager,
+            &json!({}),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| PoolsError::Apply {
+            what: "the status (releasing)",
+            name: format!("BlockDevice {device}"),
+            source,
+        })
     }
 
     /// Whether `message` is new for this object (and remembers it).
@@ -510,7 +485,7 @@ impl Pools {
         devices: &[BlockDevice],
     ) -> Result<Option<Duration>, PoolsError> {
         let name = pool.name_any();
-        if !pool.finalizers().iter().any(|f| f == deletion::FINALIZER) {
+        if !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
             // Before anything is built: a pool deleted later must be released first.
             self.set_finalizer(pool, true).await?;
         }
@@ -1024,25 +999,18 @@ impl Pools {
         }
         let name = pool.name_any();
         tracing::info!(node = %self.node, pool = %name, "the pool no longer selects this node; removing its status entry");
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "StoragePool",
-            "metadata": { "name": name },
-            "status": {},
-        });
-        let manager = format!("castellan-agent/{}", self.node);
-        Api::<StoragePool>::all(self.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map_err(|source| PoolsError::Apply {
-                what: "this node's status (removing it)",
-                name: format!("StoragePool {name}"),
-                source,
-            })?;
+        apply_status(
+            &Api::<StoragePool>::all(self.client.clone()),
+            &name,
+            &node_entry_manager(&self.node),
+            &json!({}),
+        )
+        .await
+        .map_err(|source| PoolsError::Apply {
+            what: "this node's status (removing it)",
+            name: format!("StoragePool {name}"),
+            source,
+        })?;
         self.apply_totals(&name).await
     }
 
@@ -1093,11 +1061,9 @@ impl Pools {
             if current == wanted {
                 return Ok(());
             }
-            let object = json!({
-                "apiVersion": "castellan.io/v1alpha1",
-                "kind": "StoragePool",
-                "metadata": { "name": name, "resourceVersion": pool.resource_version() },
-                "status": {
+            let mut object = status_object::<StoragePool>(
+                name,
+                &json!({
                     "observedGeneration": pool.metadata.generation,
                     "capacity": totals.capacity,
                     "allocated": totals.allocated,
@@ -1105,8 +1071,10 @@ impl Pools {
                     "readyNodes": totals.ready_nodes,
                     "phase": totals.phase,
                     "conditions": totals.conditions,
-                },
-            });
+                }),
+            );
+            // The precondition: a conflict, not a lost entry, when another node wrote.
+            object["metadata"]["resourceVersion"] = json!(pool.resource_version());
             let params = PatchParams::apply(TOTALS_FIELD_MANAGER).force();
             match api
                 .patch_status(name, &params, &Patch::Apply(&object))
@@ -1140,26 +1108,20 @@ impl Pools {
             message: Some(message),
             ..Default::default()
         };
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "BlockDevice",
-            "metadata": { "name": device },
-            "status": status,
-        });
         let manager = format!("castellan-agent-pools/{}", self.node);
-        Api::<BlockDevice>::all(self.client.clone())
-            .patch_status(
-                device,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
-            .map_err(|source| PoolsError::Apply {
-                what: "the status",
-                name: format!("BlockDevice {device}"),
-                source,
-            })
+        apply_status(
+            &Api::<BlockDevice>::all(self.client.clone()),
+            device,
+            &manager,
+            &status,
+        )
+        .await
+        .map(drop)
+        .map_err(|source| PoolsError::Apply {
+            what: "the status",
+            name: format!("BlockDevice {device}"),
+            source,
+        })
     }
 
     async fn apply_node_status(
@@ -1168,32 +1130,24 @@ impl Pools {
         status: &castellan_crds::storage_pool::PoolNodeStatus,
     ) -> Result<(), PoolsError> {
         let name = pool.name_any();
-        let object = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "StoragePool",
-            "metadata": { "name": name },
-            "status": { "nodes": [status] },
-        });
-        let manager = format!("castellan-agent/{}", self.node);
-        Api::<StoragePool>::all(self.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .map(drop)
-            .map_err(|source| PoolsError::Apply {
-                what: "this node's status",
-                name: format!("StoragePool {name}"),
-                source,
-            })
+        apply_status(
+            &Api::<StoragePool>::all(self.client.clone()),
+            &name,
+            &node_entry_manager(&self.node),
+            &json!({ "nodes": [status] }),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| PoolsError::Apply {
+            what: "this node's status",
+            name: format!("StoragePool {name}"),
+            source,
+        })
     }
 
     async fn apply_storage_class(&self, pool: &StoragePool) -> Result<(), PoolsError> {
-        let mut class = serde_json::to_value(storage_class::build(pool)).unwrap_or_default();
-        class["apiVersion"] = json!("storage.k8s.io/v1");
-        class["kind"] = json!("StorageClass");
+        // A typed object serializes its own apiVersion and kind.
+        let class = storage_class::build(pool);
         let name = pool.spec.storage_class.name.clone();
         Api::<StorageClass>::all(self.client.clone())
             .patch(

@@ -9,8 +9,10 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
-/// The provisioner name volumes of Castellan pools carry.
-pub const PROVISIONER: &str = "castellan.io/local";
+// One name for the provisioner a class names and the one its volumes say made them
+// (`pv.kubernetes.io/provisioned-by`).
+use crate::agent::volume::machine::PROVISIONER;
+
 /// The annotation that makes a class the cluster's default.
 pub const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
 /// The StorageClass parameter naming the pool.

@@ -22,10 +22,6 @@ pub const PROVISIONER: &str = "castellan.io/local";
 pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
 /// Who provisioned a PV (read by the PV controller).
 pub const PROVISIONED_BY_ANNOTATION: &str = "pv.kubernetes.io/provisioned-by";
-/// Keeps a PV until the agent has dealt with its subvolume.
-pub const FINALIZER: &str = "castellan.io/volume";
-/// Label naming the pool a PV was carved from.
-pub const POOL_LABEL: &str = "castellan.io/pool";
 /// Directory of the volumes inside a pool's filesystem.
 pub const VOLUMES_DIR: &str = "volumes";
 

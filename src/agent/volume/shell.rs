@@ -30,15 +30,15 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::machine::{
-    self as volume, Action, Claim, ClaimKey, FINALIZER, POOL_LABEL, PROVISIONED_BY_ANNOTATION,
-    PROVISIONER, PoolOnNode, Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
+    self as volume, Action, Claim, ClaimKey, PROVISIONED_BY_ANNOTATION, PROVISIONER, PoolOnNode,
+    Reclaim, SELECTED_NODE_ANNOTATION, VOLUMES_DIR, Volume,
 };
 use crate::agent::btrfs;
 use crate::agent::children::StorageLock;
-use crate::agent::disk::inventory::NODE_LABEL;
 use crate::agent::host::{self, run};
 use crate::agent::pool::totals;
 use crate::agent::reported::Reported;
+use crate::kube_ops::{NODE_LABEL, POOL_LABEL, VOLUME_FINALIZER, set_finalizer};
 use castellan_crds::quantity::parse_bytes;
 
 /// Why a pass failed before it could decide anything.
@@ -406,23 +406,11 @@ impl Volumes {
         let Some(object) = volumes.iter().find(|pv| pv.name_any() == volume) else {
             return Ok(());
         };
-        let finalizers: Vec<&String> = object
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .collect();
-        if finalizers.len() == object.finalizers().len() {
+        if !object.finalizers().iter().any(|f| f == VOLUME_FINALIZER) {
             return Ok(());
         }
-        // The resource version guards against dropping a finalizer added meanwhile.
-        let patch = json!({"metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": object.resource_version(),
-        }});
-        match Api::<PersistentVolume>::all(self.client.clone())
-            .patch(volume, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let volumes = Api::<PersistentVolume>::all(self.client.clone());
+        match set_finalizer(&volumes, object, VOLUME_FINALIZER, false).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(error) => Err(format!(
@@ -613,7 +601,7 @@ fn volume_of(pv: &PersistentVolume) -> Option<Volume> {
         finalizer: pv
             .finalizers()
             .iter()
-            .any(|finalizer| finalizer == FINALIZER),
+            .any(|finalizer| finalizer == VOLUME_FINALIZER),
     })
 }
 
@@ -644,7 +632,7 @@ pub fn build_volume(
             "name": volume,
             "labels": { NODE_LABEL: node, POOL_LABEL: pool },
             "annotations": { PROVISIONED_BY_ANNOTATION: PROVISIONER },
-            "finalizers": [FINALIZER],
+            "finalizers": [VOLUME_FINALIZER],
         },
         "spec": {
             "capacity": { "storage": totals::quantity(size_bytes) },
@@ -719,7 +707,7 @@ mod tests {
         assert_eq!(value["metadata"]["name"], "pvc-u-1");
         assert_eq!(value["metadata"]["labels"][NODE_LABEL], "node-1");
         assert_eq!(value["metadata"]["labels"][POOL_LABEL], "fast");
-        assert_eq!(value["metadata"]["finalizers"][0], FINALIZER);
+        assert_eq!(value["metadata"]["finalizers"][0], VOLUME_FINALIZER);
         assert_eq!(
             value["metadata"]["annotations"][PROVISIONED_BY_ANNOTATION],
             PROVISIONER

@@ -16,7 +16,6 @@ use std::time::Duration;
 use castellan_crds::{Backup, BackupStatus, DatabaseCluster};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -28,6 +27,7 @@ use super::context::Shared;
 use super::instance_client::{self, InstanceApiError};
 use super::object_store::archive_setting;
 use crate::instance_api::{ArchiveTarget, BackupReport, BackupRequest, LsnResponse};
+use crate::kube_ops::apply_status;
 use machine::{Act, Decision, Observed};
 
 /// The field manager of what this controller writes.
@@ -438,17 +438,7 @@ pub(super) async fn write_status(
     let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
     let mut status = status.clone();
     status.observed_generation = backup.metadata.generation;
-    let patch = json!({
-        "apiVersion": "castellan.io/v1alpha1",
-        "kind": "Backup",
-        "status": status,
-    });
-    backups
-        .patch_status(
-            &backup.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
+    apply_status(&backups, &backup.name_any(), MANAGER, &status)
         .await
         .map_err(kube_error("writing the status", backup))?;
     Ok(())
@@ -481,12 +471,12 @@ async fn recoverability(client: &Client, cluster: &DatabaseCluster, first_ms: Op
     let (Some(first), Some(last)) = (completed.first(), completed.last()) else {
         return;
     };
-    let patch = json!({"status": {
+    let status = json!({
         "firstRecoverabilityPoint": first_ms.map_or_else(|| first.0.clone(), machine::rfc3339),
         "lastBackup": last.1,
-    }});
+    });
     if let Err(error) =
-        super::cluster::pass::write_status_as(client, cluster, &patch, MANAGER).await
+        super::cluster::pass::write_status_as(client, cluster, &status, MANAGER).await
     {
         tracing::warn!(%error, "writing the cluster's last backup");
     }

@@ -350,16 +350,16 @@ async fn finish(
     if let Err(error) = write_status(&shared.client, backup, &backup_status).await {
         tracing::warn!(%error, "writing the verification's outcome");
     }
-    let patch = json!({"status": {"conditions": [condition(
+    let cluster_status = json!({"conditions": [condition(
         status,
         reason,
         message.clone(),
         cluster.metadata.generation,
-    )]}});
+    )]});
     if let Err(error) = crate::operator::cluster::pass::write_status_as(
         &shared.client,
         cluster,
-        &patch,
+        &cluster_status,
         CONDITION_MANAGER,
     )
     .await

@@ -20,13 +20,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
 use serde_json::json;
 
 use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::upgrade::{Job, JobSeen};
 use super::volumes;
-use crate::operator::build::{self, CLUSTER_LABEL, ROLE_LABEL};
+use crate::kube_ops::{CLUSTER_LABEL, apply_status};
+use crate::operator::build::{self, ROLE_LABEL};
 use crate::operator::catalog;
 use crate::operator::certificates::{self, ClusterCertificate};
 use crate::operator::context::Shared;
@@ -678,7 +680,7 @@ async fn enact(
     // Before the status that records it: a Backup named in status exists.
     enact_upgrade(plan, cluster, context).await?;
     if cluster.status.as_ref() != Some(&plan.status) {
-        write_status(client, cluster, &json!({ "status": plan.status })).await?;
+        write_status(client, cluster, &plan.status).await?;
     }
     Ok(())
 }
@@ -687,32 +689,25 @@ fn condition_of<'a>(status: &'a DatabaseClusterStatus, type_: &str) -> Option<&'
     status.conditions.iter().find(|c| c.type_ == type_)
 }
 
-/// Server-side apply of a status patch (`{"status": …}`) by `manager`.
+/// Server-side apply of the cluster's `status` (the fields this controller owns).
 pub async fn write_status(
     client: &Client,
     cluster: &DatabaseCluster,
-    patch: &serde_json::Value,
+    status: &impl Serialize,
 ) -> Result<(), Error> {
-    write_status_as(client, cluster, patch, MANAGER).await
+    write_status_as(client, cluster, status, MANAGER).await
 }
 
+/// Server-side apply of the fields of the cluster's `status` that `manager` owns.
 pub async fn write_status_as(
     client: &Client,
     cluster: &DatabaseCluster,
-    patch: &serde_json::Value,
+    status: &impl Serialize,
     manager: &str,
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
     let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
-    let mut patch = patch.clone();
-    patch["apiVersion"] = json!("castellan.io/v1alpha1");
-    patch["kind"] = json!("DatabaseCluster");
-    clusters
-        .patch_status(
-            &cluster.name_any(),
-            &PatchParams::apply(manager).force(),
-            &Patch::Apply(&patch),
-        )
+    apply_status(&clusters, &cluster.name_any(), manager, status)
         .await
         .map_err(kube_error("writing status", cluster))?;
     Ok(())

@@ -25,8 +25,6 @@ use std::collections::BTreeMap;
 
 /// The pool annotation that names the nodes to release (commas or spaces between).
 pub const RELEASE_ANNOTATION: &str = "castellan.io/release-nodes";
-pub use crate::agent::pool::deletion::FINALIZER as POOL_FINALIZER;
-pub use crate::agent::volume::machine::FINALIZER as VOLUME_FINALIZER;
 
 /// One PersistentVolume of the pool.
 #[derive(Clone, Debug, PartialEq, Eq)]

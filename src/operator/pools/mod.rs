@@ -5,7 +5,7 @@
 //!
 //! Its writes: the named node's status entry is removed by applying an empty status
 //! under that node's agent's field manager (server-side apply then deletes what only
-//! that manager owned), volumes are let go by a JSON patch of their finalizers (with
+//! that manager owned), volumes are let go by a merge patch of their finalizers (with
 //! the resourceVersion read, so a concurrent change fails rather than being undone) and
 //! deleted, and the pool's annotation and finalizer are removed the same way.
 
@@ -27,11 +27,11 @@ use serde_json::json;
 use super::cluster::Note;
 use super::cluster::plan::NodeHealth;
 use super::context::Shared;
+use crate::kube_ops::{
+    NODE_LABEL, POOL_FINALIZER, POOL_LABEL, VOLUME_FINALIZER, apply_status, finalizer_patch,
+    node_entry_manager, set_finalizer,
+};
 use machine::{Observed, RELEASE_ANNOTATION, Volume};
-
-/// Where the agent's volumes name their pool and node.
-const POOL_LABEL: &str = crate::agent::volume::machine::POOL_LABEL;
-const NODE_LABEL: &str = crate::agent::disk::inventory::NODE_LABEL;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{what} for StoragePool {pool}: {source}")]
@@ -110,27 +110,13 @@ async fn reconcile(pool: Arc<StoragePool>, shared: Arc<Shared>) -> Result<Action
         ready,
         volumes,
         deleting: pool.meta().deletion_timestamp.is_some(),
-        has_finalizer: pool
-            .finalizers()
-            .iter()
-            .any(|f| f == machine::POOL_FINALIZER),
+        has_finalizer: pool.finalizers().iter().any(|f| f == POOL_FINALIZER),
     };
     let plan = machine::decide(&observed);
     let pools: Api<StoragePool> = Api::all(client.clone());
     let reference = pool.object_ref(&());
     for node in &plan.release {
-        let empty = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "StoragePool",
-            "metadata": { "name": name },
-            "status": {},
-        });
-        pools
-            .patch_status(
-                &name,
-                &PatchParams::apply(&format!("castellan-agent/{node}")).force(),
-                &Patch::Apply(&empty),
-            )
+        apply_status(&pools, &name, &node_entry_manager(node), &json!({}))
             .await
             .map_err(kube_error(format!("removing node {node}'s entry"), &name))?;
     }
@@ -138,17 +124,7 @@ async fn reconcile(pool: Arc<StoragePool>, shared: Arc<Shared>) -> Result<Action
         let Some(pv) = pvs.items.iter().find(|pv| pv.name_any() == *volume) else {
             continue;
         };
-        let kept: Vec<&String> = pv
-            .finalizers()
-            .iter()
-            .filter(|f| *f != machine::VOLUME_FINALIZER)
-            .collect();
-        let patch = json!({ "metadata": {
-            "finalizers": kept,
-            "resourceVersion": pv.resource_version(),
-        }});
-        volumes_api
-            .patch(volume, &PatchParams::default(), &Patch::Merge(&patch))
+        set_finalizer(&volumes_api, pv, VOLUME_FINALIZER, false)
             .await
             .map_err(kube_error(format!("letting volume {volume} go"), &name))?;
         match volumes_api.delete(volume, &DeleteParams::default()).await {
@@ -161,24 +137,15 @@ async fn reconcile(pool: Arc<StoragePool>, shared: Arc<Shared>) -> Result<Action
             }
         }
     }
-    let mut metadata = json!({
-        "resourceVersion": pool.resource_version(),
-        "annotations": { RELEASE_ANNOTATION: null },
-    });
-    if plan.remove_finalizer {
-        let kept: Vec<&String> = pool
-            .finalizers()
-            .iter()
-            .filter(|f| *f != machine::POOL_FINALIZER)
-            .collect();
-        metadata["finalizers"] = json!(kept);
-    }
+    // One patch for the annotation and the finalizer, under the resource version read.
+    let mut patch = if plan.remove_finalizer {
+        finalizer_patch(&*pool, POOL_FINALIZER, false)
+    } else {
+        json!({ "metadata": { "resourceVersion": pool.resource_version() } })
+    };
+    patch["metadata"]["annotations"] = json!({ RELEASE_ANNOTATION: null });
     pools
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "metadata": metadata })),
-        )
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(kube_error("removing the release request", &name))?;
     tracing::info!(pool = %name, release = ?plan.release, refused = ?plan.refused, dropped = ?plan.drop_volumes, kept = ?plan.kept_volumes, finalizer_removed = plan.remove_finalizer, "released nodes of a pool");

@@ -26,12 +26,12 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::Instrument;
 
-use super::build;
 use super::certificates::{self, CA_SECRET, ClusterCertificate};
 use super::cluster::Note;
 use super::context::{Shared, object_reference};
 use super::instance_client;
 use crate::instance_api::{LoadedCertificates, StatusReport};
+use crate::kube_ops::CLUSTER_LABEL;
 use crate::pki::{self, Authority, Trust};
 use machine::{PROGRESS_ANNOTATION, Phase, Proof, ROTATE_ANNOTATION, ROTATED_ANNOTATION, Step};
 
@@ -266,7 +266,7 @@ async fn prove(
             continue;
         }
         let pods: Api<Pod> = Api::namespaced(shared.client.clone(), &namespace);
-        let selector = format!("{}={}", build::CLUSTER_LABEL, cluster.name_any());
+        let selector = format!("{CLUSTER_LABEL}={}", cluster.name_any());
         let listed = pods
             .list(&ListParams::default().labels(&selector))
             .await

@@ -34,12 +34,11 @@ use kube::ResourceExt;
 
 use super::super::cluster::Note;
 use crate::cadence::Cadence;
+use crate::kube_ops::CLUSTER_LABEL;
 
 /// Label on every Backup a schedule creates: the schedule's name. The schedule finds
 /// its Backups by it (they carry no owner reference, see [`backup`]).
 pub const SCHEDULE_LABEL: &str = "castellan.io/schedule";
-/// Label on every Backup a schedule creates: the cluster it backs up.
-pub const CLUSTER_LABEL: &str = "castellan.io/cluster";
 /// Annotation on every Backup a schedule creates: the schedule's uid. A schedule
 /// deleted and created again under the same name finds its predecessor's Backups by
 /// the label (and applies its retention to them), but only its own by this, which is

@@ -24,14 +24,14 @@ use castellan_crds::{Backup, BackupSchedule};
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use serde_json::json;
 use tracing::Instrument;
 
 use super::context::{Shared, object_reference};
+use crate::kube_ops::apply_status;
 use machine::{BackupRecord, Observed, SCHEDULE_LABEL};
 
 /// Field manager of the schedule's status and of the Backups it creates.
@@ -211,18 +211,8 @@ async fn apply(schedule: &BackupSchedule, shared: &Shared, key: &str) -> Result<
     }
 
     if schedule.status.as_ref() != Some(&decision.status) {
-        let patch = json!({
-            "apiVersion": "castellan.io/v1alpha1",
-            "kind": "BackupSchedule",
-            "status": decision.status,
-        });
         let schedules: Api<BackupSchedule> = Api::namespaced(shared.client.clone(), &namespace);
-        schedules
-            .patch_status(
-                &name,
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
+        apply_status(&schedules, &name, MANAGER, &decision.status)
             .await
             .map_err(kube_error("writing the status", key))?;
     }
