@@ -833,11 +833,8 @@ async fn only_the_operator_puts_castellan_labels_on_pods() {
     let client = client().await;
     let namespace = TestNamespace::create(&client, "pod-labels").await;
     let ns = namespace.name.as_str();
-    kubectl_ok(&[
-        "apply",
-        "-f",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/policies.yaml"),
-    ]);
+    let policies = support::repo().join("deploy/operator/policies.yaml");
+    kubectl_ok(&["apply", "-f", &policies.to_string_lossy()]);
     kubectl_ok(&["create", "serviceaccount", "intruder", "-n", ns]);
     kubectl_ok(&[
         "create",
@@ -1191,11 +1188,8 @@ async fn the_agent_and_the_operator_write_only_what_is_theirs() {
 
     // The operator: Secrets it labelled as Castellan's, no others.
     apply_identity("deploy/operator/operator.yaml");
-    kubectl_ok(&[
-        "apply",
-        "-f",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/policies.yaml"),
-    ]);
+    let policies = support::repo().join("deploy/operator/policies.yaml");
+    kubectl_ok(&["apply", "-f", &policies.to_string_lossy()]);
     let operator = ["--as=system:serviceaccount:castellan-system:castellan-operator"];
     let as_operator = |args: &[&str]| {
         let mut all = args.to_vec();

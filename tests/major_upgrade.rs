@@ -217,7 +217,7 @@ async fn fifteen_to_eighteen_through_an_operator_kill_then_rolled_back() {
         .fetch_one(&mut own)
         .await
         .expect("the migrations' record");
-    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+    let files = std::fs::read_dir(support::repo().join("migrations"))
         .expect("migrations/")
         .filter(|entry| {
             entry

@@ -12,7 +12,13 @@ use promql_parser::parser::{self, Expr};
 use promql_parser::util::{ExprVisitor, walk_expr};
 
 fn repo(path: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    // Where cargo runs the test from, not where it was built: a binary a build in
+    // another clone left in the shared target directory must read this clone.
+    let root = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).to_owned(),
+        Into::into,
+    );
+    let path = root.join(path);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
