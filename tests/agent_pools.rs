@@ -10,7 +10,7 @@
 
 mod support;
 
-use support::cluster::{Operator, events_about, http_get};
+use support::cluster::{Operator, events_about, events_regarding, http_get};
 use support::disks::{Loops, MIB, Unmount, mounts_under, run, sparse_file, write_ext4, write_gpt};
 use support::otel::{Receiver, spans};
 
@@ -1165,6 +1165,23 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
         degraded_events.contains(&pool),
         "no VolumeDegraded Event on the claim: {degraded_events:?}"
     );
+    // The PersistentVolume itself is told too (it has no conditions, so an Event and
+    // the annotations): cluster-scoped, so its Event is in `default`.
+    let persistent_volume = claim
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.volume_name.clone())
+        .expect("the claim names its volume");
+    let volume_events = events_regarding(
+        "default",
+        "PersistentVolume",
+        &persistent_volume,
+        "VolumeDegraded",
+    );
+    assert!(
+        volume_events.contains(&format!("pool {pool} is Degraded on node {node}")),
+        "no VolumeDegraded Event on PersistentVolume {persistent_volume}: {volume_events:?}"
+    );
 
     // A new clean disk on the node replaces the failed one; the data is read (page
     // cache dropped) all along.
@@ -1254,6 +1271,16 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
     assert!(
         healthy_events.contains("healthy again"),
         "no VolumeHealthy Event on the claim: {healthy_events:?}"
+    );
+    let healthy_events = events_regarding(
+        "default",
+        "PersistentVolume",
+        &persistent_volume,
+        "VolumeHealthy",
+    );
+    assert!(
+        healthy_events.contains("healthy again"),
+        "no VolumeHealthy Event on PersistentVolume {persistent_volume}: {healthy_events:?}"
     );
     let started = events_about("", &pool, "DiskReplacing");
     assert!(

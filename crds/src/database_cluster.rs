@@ -813,6 +813,12 @@ pub struct InstanceStatus {
     /// Accepting connections in its role.
     #[serde(default)]
     pub ready: bool,
+    /// The health of the pool under this instance's data volume on its node, as that
+    /// node's agent reports it: `Healthy`, `Degraded`, `Failed`, … (the worst of its
+    /// volumes when it has several). Absent when the volume is not on a Castellan
+    /// StoragePool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_health: Option<String>,
 }
 
 /// A replication slot on the primary.

@@ -141,6 +141,15 @@ fn lag(instance: &InstanceStatus) -> String {
     }
 }
 
+/// The health of the pool under an instance's volume, as its agent reports it: green
+/// when healthy, red otherwise, `-` when nobody reports it.
+fn volume(instance: &InstanceStatus) -> String {
+    match instance.volume_health.as_deref() {
+        None => "-".to_owned(),
+        Some(health) => good(health, health == "Healthy"),
+    }
+}
+
 /// The summary as a person reads it, within `width` columns.
 pub fn render(summary: &ClusterSummary, width: usize) -> String {
     let phase = summary.phase.as_deref().unwrap_or("Unknown");
@@ -178,6 +187,10 @@ pub fn render(summary: &ClusterSummary, width: usize) -> String {
     }
 
     out.push('\n');
+    // The VOLUME column only when an agent reports on some instance's volume: a
+    // cluster on other storage keeps the narrower table, and the column would be all
+    // dashes there.
+    let volumes = summary.instances.iter().any(|i| i.volume_health.is_some());
     let rows: Vec<Vec<String>> = summary
         .instances
         .iter()
@@ -188,22 +201,31 @@ pub fn render(summary: &ClusterSummary, width: usize) -> String {
             } else {
                 role.to_owned()
             };
-            vec![
+            let mut row = vec![
                 i.name.clone(),
                 role,
                 good(if i.ready { "yes" } else { "no" }, i.ready),
+            ];
+            if volumes {
+                row.push(volume(i));
+            }
+            row.extend([
                 or_dash(i.node.as_deref()),
                 i.timeline.map_or("-".to_owned(), |t| t.to_string()),
                 or_dash(i.lsn.as_deref()),
                 lag(i),
-            ]
+            ]);
+            row
         })
         .collect();
-    out.push_str(&table::render(
-        &["INSTANCE", "ROLE", "READY", "NODE", "TL", "LSN", "LAG"],
-        &rows,
-        width,
-    ));
+    let headers: &[&str] = if volumes {
+        &[
+            "INSTANCE", "ROLE", "READY", "VOLUME", "NODE", "TL", "LSN", "LAG",
+        ]
+    } else {
+        &["INSTANCE", "ROLE", "READY", "NODE", "TL", "LSN", "LAG"]
+    };
+    out.push_str(&table::render(headers, &rows, width));
 
     if !summary.backups.is_empty() {
         out.push('\n');
@@ -292,7 +314,7 @@ mod tests {
                 "lastBackup": "2026-12-01T10:00:00Z",
                 "instances": [
                     {"name": "shop-1", "node": "node-1", "role": "primary", "timeline": 1, "lsn": "0/3000060", "ready": true},
-                    {"name": "shop-2", "node": "node-2", "role": "replica", "timeline": 1, "lsn": "0/3000000", "lagBytes": 96, "lagSeconds": 0.5, "ready": false, "fenced": true}
+                    {"name": "shop-2", "node": "node-2", "role": "replica", "timeline": 1, "lsn": "0/3000000", "lagBytes": 96, "lagSeconds": 0.5, "ready": false, "fenced": true, "volumeHealth": "Degraded"}
                 ],
                 "conditions": [
                     {"type": "Ready", "status": "True", "reason": "AllInstancesReady", "message": "every instance is ready", "lastTransitionTime": "2026-12-01T10:00:00Z"},
@@ -357,8 +379,50 @@ mod tests {
             "ArchiveFailing",
             "new",
             "40%",
+            "VOLUME",
+            "Degraded",
         ] {
             assert!(out.contains(needle), "{needle} in\n{out}");
         }
+    }
+
+    /// The instance table's cells of `name`'s row, colours left out.
+    fn row_of(out: &str, name: &str) -> Vec<String> {
+        out.lines()
+            .map(|line| console::strip_ansi_codes(line).to_string())
+            .find(|line| line.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no row of {name} in\n{out}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn the_volume_column_shows_each_instances_pool_health_when_an_agent_reports_one() {
+        let (cluster, backups) = example();
+        let out = render(&summarise(&cluster, &backups), 80);
+        let header = out
+            .lines()
+            .map(|line| console::strip_ansi_codes(line).to_string())
+            .find(|line| line.starts_with("INSTANCE"))
+            .unwrap_or_default();
+        assert_eq!(
+            header.split_whitespace().collect::<Vec<_>>(),
+            [
+                "INSTANCE", "ROLE", "READY", "VOLUME", "NODE", "TL", "LSN", "LAG"
+            ]
+        );
+        assert_eq!(row_of(&out, "shop-2")[3], "Degraded");
+        assert_eq!(row_of(&out, "shop-1")[3], "-", "not reported");
+
+        let mut elsewhere = cluster.clone();
+        if let Some(status) = elsewhere.status.as_mut() {
+            for instance in &mut status.instances {
+                instance.volume_health = None;
+            }
+        }
+        let out = render(&summarise(&elsewhere, &backups), 80);
+        assert!(!out.contains("VOLUME"), "no column of dashes:\n{out}");
+        assert_eq!(row_of(&out, "shop-2")[3], "node-2");
     }
 }

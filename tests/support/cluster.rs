@@ -386,17 +386,34 @@ pub fn events_with(namespace: &str, reason: &str, needle: &str) -> String {
 /// The messages of Events with `reason` about object `name`, in `namespace` (every
 /// namespace when empty: a pool's Events land in `default`), once there is one.
 pub fn events_about(namespace: &str, name: &str, reason: &str) -> String {
+    events_matching(
+        namespace,
+        &format!("involvedObject.name={name},reason={reason}"),
+    )
+}
+
+/// [`events_about`] an object of `kind` only: a claim and its volume may share a name,
+/// and Events about a cluster-scoped object (a PersistentVolume) land in `default`.
+pub fn events_regarding(namespace: &str, kind: &str, name: &str, reason: &str) -> String {
+    events_matching(
+        namespace,
+        &format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}"),
+    )
+}
+
+/// The messages of the Events in `namespace` (every one when empty) that the field
+/// `selector` picks, once there is one.
+fn events_matching(namespace: &str, selector: &str) -> String {
     let scope = if namespace.is_empty() {
         vec!["-A"]
     } else {
         vec!["-n", namespace]
     };
-    let selector = format!("involvedObject.name={name},reason={reason}");
     let mut args = vec!["get", "events"];
     args.extend(scope);
     args.extend([
         "--field-selector",
-        &selector,
+        selector,
         "-o",
         "jsonpath={.items[*].message}",
     ]);

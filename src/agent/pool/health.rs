@@ -5,10 +5,14 @@
 //! node (labels `castellan.io/node`, `castellan.io/pool`) with the node's pool health
 //! and, where they differ, writes the health onto the volume and its claim (the
 //! annotations [`POOL_HEALTH_ANNOTATION`] and [`POOL_HEALTH_MESSAGE_ANNOTATION`]), a
-//! `PoolHealthy` condition on the claim, and an Event on the claim when the volume
-//! turns unhealthy (`VolumeDegraded`, Warning) or healthy again (`VolumeHealthy`).
-//! Nothing is written while nothing changes. The operator turns its instances' claims'
-//! annotations into the DatabaseCluster's `VolumesHealthy` condition.
+//! `PoolHealthy` condition on the claim, and an Event on the volume and on the claim
+//! when the volume turns unhealthy (`VolumeDegraded`, Warning) or healthy again
+//! (`VolumeHealthy`). A PersistentVolume has no conditions in the Kubernetes API, so
+//! the volume gets the annotations and the Event only; the volume's Event is for an
+//! administrator who looks at volumes (`kubectl describe pv`), and for a volume whose
+//! claim is gone. Nothing is written while nothing changes. The operator turns its
+//! instances' claims' annotations into the DatabaseCluster's `VolumesHealthy`
+//! condition and each instance's `volumeHealth`.
 
 use castellan_crds::storage_pool::{
     POOL_HEALTH_ANNOTATION, POOL_HEALTH_MESSAGE_ANNOTATION, PoolNodeStatus,
@@ -17,7 +21,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::machine::HEALTHY;
@@ -83,6 +87,32 @@ pub fn event(previous: Option<&Report>, now: &Report) -> Option<(EventType, &'st
     }
 }
 
+/// The Event that the volume and its claim both get when pool `pool` on `node` goes
+/// from `previous` to `now` (see [`event`] for when), with one note for both: a user
+/// who reads either learns the same thing.
+pub fn notice(
+    previous: Option<&Report>,
+    now: &Report,
+    (node, pool): (&str, &str),
+) -> Option<Event> {
+    let (type_, reason) = event(previous, now)?;
+    let note = if now.healthy() {
+        format!("pool {pool} is healthy again on node {node}")
+    } else {
+        format!(
+            "pool {pool} is {} on node {node}, where this volume is: {}",
+            now.health, now.message
+        )
+    };
+    Some(Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(crate::event_note::note(&note)),
+        action: "Monitor".to_string(),
+        secondary: None,
+    })
+}
+
 /// Tells the volumes of pool `pool` on `node` the node's pool status.
 pub async fn apply(
     client: &Client,
@@ -115,6 +145,15 @@ pub async fn apply(
             )
             .await?;
         tracing::info!(%node, %pool, volume = %pv.name_any(), health = %now.health, "volume health written");
+        let news = notice(previous.as_ref(), &now, (node, pool));
+        // A PersistentVolume is cluster-scoped: kube's Recorder puts its Event in the
+        // namespace `default` (the agent may create Events in any namespace), where
+        // `kubectl describe pv` finds it.
+        if let Some(event) = &news
+            && let Err(error) = recorder.publish(event, &pv.object_ref(&())).await
+        {
+            tracing::warn!(%node, %pool, volume = %pv.name_any(), %error, "publishing an Event failed");
+        }
         let Some(reference) = pv.spec.as_ref().and_then(|spec| spec.claim_ref.clone()) else {
             continue;
         };
@@ -134,25 +173,10 @@ pub async fn apply(
                 "lastTransitionTime": Timestamp::now().to_string(),
         }]});
         apply_status(&claims, &name, MANAGER, &condition).await?;
-        if let Some((type_, reason)) = event(previous.as_ref(), &now) {
-            let note = if now.healthy() {
-                format!("pool {pool} is healthy again on node {node}")
-            } else {
-                format!(
-                    "pool {pool} is {} on node {node}, where this volume is: {}",
-                    now.health, now.message
-                )
-            };
-            let event = Event {
-                type_,
-                reason: reason.to_string(),
-                note: Some(crate::event_note::note(&note)),
-                action: "Monitor".to_string(),
-                secondary: None,
-            };
-            if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::warn!(%node, %pool, claim = %name, %error, "publishing an Event failed");
-            }
+        if let Some(event) = &news
+            && let Err(error) = recorder.publish(event, &reference).await
+        {
+            tracing::warn!(%node, %pool, claim = %name, %error, "publishing an Event failed");
         }
     }
     Ok(())
@@ -200,6 +224,71 @@ mod tests {
         assert_eq!(
             event(Some(&degraded), &healthy),
             Some((EventType::Normal, "VolumeHealthy"))
+        );
+    }
+
+    #[test]
+    fn the_volume_and_its_claim_get_one_event_that_says_which_pool_on_which_node() {
+        let healthy = report("Healthy");
+        let degraded = Report {
+            health: "Degraded".into(),
+            message: "1 disk reports I/O or checksum errors: /dev/vdb".into(),
+        };
+        let place = ("node-1", "fast");
+        let warning = notice(Some(&healthy), &degraded, place).expect("turned unhealthy");
+        assert_eq!(
+            (
+                warning.type_,
+                warning.reason.as_str(),
+                warning.note.as_deref()
+            ),
+            (
+                EventType::Warning,
+                "VolumeDegraded",
+                Some(
+                    "pool fast is Degraded on node node-1, where this volume is: \
+                     1 disk reports I/O or checksum errors: /dev/vdb"
+                )
+            )
+        );
+        let again = notice(Some(&degraded), &healthy, place).expect("healthy again");
+        assert_eq!(
+            (again.type_, again.reason.as_str(), again.note.as_deref()),
+            (
+                EventType::Normal,
+                "VolumeHealthy",
+                Some("pool fast is healthy again on node node-1")
+            )
+        );
+        assert!(notice(Some(&degraded), &degraded, place).is_none());
+        assert!(notice(None, &healthy, place).is_none());
+        let long = Report {
+            health: "Failed".into(),
+            message: "x".repeat(2 * crate::event_note::MAX_NOTE),
+        };
+        let cut = notice(None, &long, place).and_then(|e| e.note);
+        assert!(
+            cut.is_some_and(|note| note.len() <= crate::event_note::MAX_NOTE),
+            "the API server takes the note"
+        );
+    }
+
+    #[test]
+    fn a_volumes_event_is_about_the_cluster_scoped_volume() {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": { "name": "pvc-1234", "uid": "0f0e" },
+        }))
+        .unwrap_or_default();
+        let reference = pv.object_ref(&());
+        assert_eq!(
+            (
+                reference.kind.as_deref(),
+                reference.api_version.as_deref(),
+                reference.name.as_deref(),
+                reference.namespace.as_deref(),
+            ),
+            (Some("PersistentVolume"), Some("v1"), Some("pvc-1234"), None),
+            "no namespace: the Recorder files the Event in `default`"
         );
     }
 

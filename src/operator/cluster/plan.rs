@@ -350,7 +350,8 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
 
 /// `status` as shown if it differs from it only in positions, lag and WAL kept for
 /// slots (see `PROGRESS_REFRESH`): then nothing is written. Otherwise status is written
-/// anyway, with everything as viewed now.
+/// anyway, with everything as viewed now: any other field of a row (a role, the
+/// volume's health) is compared whole, so its change is never held back.
 fn unless_only_moved(
     shown: &DatabaseClusterStatus,
     status: DatabaseClusterStatus,
@@ -570,7 +571,8 @@ fn removals(order: &ConvergeOrder, observed: &Observed, primary: u32) -> Vec<Str
 }
 
 /// Each pod's row in status, from its instance's latest view (its actor reads it): the
-/// role is what the instance manager reports, not what the pod's labels say.
+/// role is what the instance manager reports, not what the pod's labels say; the
+/// volume's health is what its node's agent wrote on the instance's claims.
 fn instances(order: &ConvergeOrder, observed: &Observed) -> Vec<InstanceStatus> {
     let primary_view = order
         .views
@@ -597,6 +599,7 @@ fn instances(order: &ConvergeOrder, observed: &Observed) -> Vec<InstanceStatus> 
                 lsn: view.and_then(|v| v.lsn).map(|lsn| lsn.to_string()),
                 lag_seconds: view.and_then(|v| v.lag_seconds),
                 lag_bytes: primary_view.and_then(|p| standby_lag_bytes(p, &name)),
+                volume_health: volumes::instance_health(pod, &observed.claims),
                 name,
             }
         })
@@ -759,11 +762,16 @@ mod tests {
         Time(Timestamp::from_second(1_000_000).expect("a time in range"))
     }
 
-    /// Pod `db-<n>` on node `node-<n>` at 10.0.0.`<n>`, labelled `role`.
+    /// Pod `db-<n>` on node `node-<n>` at 10.0.0.`<n>`, labelled `role`, with its
+    /// volume claim `db-<n>`.
     fn pod(n: u32, role: StartRole, ready: bool) -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": format!("db-{n}"), "labels": {ROLE_LABEL: role.as_str()}},
-            "spec": {"nodeName": format!("node-{n}"), "containers": []},
+            "spec": {
+                "nodeName": format!("node-{n}"),
+                "containers": [],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": format!("db-{n}")}}],
+            },
             "status": {
                 "podIP": format!("10.0.0.{n}"),
                 "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
@@ -1499,6 +1507,85 @@ mod tests {
             plan(&back, &observed).status.instances[1].lag_bytes,
             Some(64)
         );
+    }
+
+    /// Bound claim `db-<n>`, on which its node's agent wrote `health` (none: not on
+    /// a Castellan pool).
+    fn claim(n: u32, health: Option<&str>) -> PersistentVolumeClaim {
+        let annotations: BTreeMap<&str, &str> = health
+            .map(|health| (castellan_crds::storage_pool::POOL_HEALTH_ANNOTATION, health))
+            .into_iter()
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("db-{n}"), "annotations": annotations},
+            "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"]},
+            "status": {"phase": "Bound"},
+        }))
+        .expect("a valid claim")
+    }
+
+    #[test]
+    fn each_row_has_the_health_of_the_pool_under_its_volume() {
+        let (order, mut observed) = settled(3);
+        observed.claims = vec![
+            claim(1, Some("Healthy")),
+            claim(2, Some("Degraded")),
+            claim(3, None),
+        ];
+        let rows = plan(&order, &observed).status.instances;
+        let healths: Vec<(&str, Option<&str>)> = rows
+            .iter()
+            .map(|row| (row.name.as_str(), row.volume_health.as_deref()))
+            .collect();
+        assert_eq!(
+            healths,
+            [
+                ("db-1", Some("Healthy")),
+                ("db-2", Some("Degraded")),
+                ("db-3", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_volume_turning_unhealthy_is_written_at_once_not_held_as_a_move() {
+        let (order, mut observed) = settled(2);
+        observed.claims = vec![claim(1, Some("Healthy")), claim(2, Some("Healthy"))];
+        let shown = plan(&order, &observed).status;
+        let mut between_refreshes = with_status(order, shown.clone());
+        between_refreshes.refresh_progress = false;
+        between_refreshes.views[0].lsn = Lsn::parse("0/4000000");
+        assert_eq!(
+            plan(&between_refreshes, &observed).status,
+            shown,
+            "a position alone waits for the refresh"
+        );
+        observed.claims[1] = claim(2, Some("Degraded"));
+        let status = plan(&between_refreshes, &observed).status;
+        assert_eq!(
+            status.instances[1].volume_health.as_deref(),
+            Some("Degraded")
+        );
+        assert_eq!(
+            status.instances[0].lsn.as_deref(),
+            Some("0/4000000"),
+            "written as viewed now"
+        );
+    }
+
+    #[test]
+    fn only_positions_lag_and_kept_wal_count_as_a_move() {
+        let (order, observed) = settled(2);
+        let shown = plan(&order, &observed).status;
+        let mut moved = shown.clone();
+        moved.instances[0].lsn = Some("0/4000000".into());
+        moved.instances[1].lag_bytes = Some(512);
+        assert_eq!(unless_only_moved(&shown, moved.clone()), shown);
+        // The row's volume health alone, with no condition changing beside it: still
+        // written, positions and all.
+        let mut told = moved;
+        told.instances[1].volume_health = Some("Failed".into());
+        assert_eq!(unless_only_moved(&shown, told.clone()), told);
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //! StorageClasses the claims name do not exist (looked up by the shell, `pass.rs`).
 //! Without this a cluster whose claims cannot bind sits in `Creating` with nothing on
 //! the cluster saying why; the reason was only on the claim's or the pod's Events.
+//!
+//! `VolumesHealthy` and each instance's `volumeHealth`: what the node agents wrote on
+//! the claims about the pools under them, so that a degraded disk under an instance
+//! shows on the cluster and on the instance's row.
 
 use std::collections::BTreeSet;
 
@@ -107,6 +111,43 @@ pub const POOL_FAILED: &str = "PoolFailed";
 /// No volume is on a Castellan pool (no agent reports on them).
 pub const NOT_REPORTED: &str = "NotReported";
 
+/// Pool health words as the agents write them (`agent::pool::machine`).
+const HEALTHY: &str = "Healthy";
+const FAILED: &str = "Failed";
+
+/// How bad a pool health word is: `Failed` worst, then any other word but `Healthy`
+/// (`Degraded`, `Pending`, or one a newer agent writes: not known to be healthy, so
+/// not taken for it), then `Healthy`.
+fn severity(health: &str) -> u8 {
+    match health {
+        HEALTHY => 0,
+        FAILED => 2,
+        _ => 1,
+    }
+}
+
+/// The worst of `healths` (the first of equally bad ones), `None` when there is none.
+pub fn worst<'a>(healths: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    healths.into_iter().fold(None, |worst, health| match worst {
+        Some(worst) if severity(worst) >= severity(health) => Some(worst),
+        _ => Some(health),
+    })
+}
+
+/// An instance's `volumeHealth`: the worst pool health the agents wrote on the claims
+/// its pod mounts (its data volume, and any other volume it is given), `None` when no
+/// agent reports on them (not on a Castellan pool, or not reported yet). Matched by
+/// what the pod mounts rather than by name, so that a second volume of the instance
+/// counts too.
+pub fn instance_health(pod: &Pod, claims: &[PersistentVolumeClaim]) -> Option<String> {
+    let healths = claims
+        .iter()
+        .filter(|claim| uses(pod, &claim.name_any()))
+        .filter_map(|claim| claim.annotations().get(POOL_HEALTH_ANNOTATION))
+        .map(String::as_str);
+    worst(healths).map(str::to_owned)
+}
+
 /// The `VolumesHealthy` condition: what the node agents wrote on the instances'
 /// claims about the pools under them (`castellan.io/pool-health`, see
 /// `agent::health`). `previous` keeps its transition time while the status stays.
@@ -129,7 +170,7 @@ pub fn health_condition(
         .collect();
     let unhealthy: Vec<&(String, &str, &str)> = reports
         .iter()
-        .filter(|(_, health, _)| *health != "Healthy")
+        .filter(|(_, health, _)| *health != HEALTHY)
         .collect();
     let (status, reason, message) = if reports.is_empty() {
         (
@@ -148,7 +189,7 @@ pub fn health_condition(
             ),
         )
     } else {
-        let failed = unhealthy.iter().any(|(_, health, _)| *health == "Failed");
+        let failed = unhealthy.iter().any(|(_, health, _)| *health == FAILED);
         let told: Vec<String> = unhealthy
             .iter()
             .map(|(claim, health, message)| {
@@ -798,6 +839,64 @@ mod tests {
         assert_eq!(
             (u.status.as_str(), u.reason.as_str()),
             ("Unknown", NOT_REPORTED)
+        );
+    }
+
+    #[test]
+    fn the_worst_health_wins_failed_over_any_unhealthy_over_healthy() {
+        assert_eq!(worst([]), None);
+        assert_eq!(worst(["Healthy"]), Some("Healthy"));
+        assert_eq!(worst(["Healthy", "Degraded"]), Some("Degraded"));
+        assert_eq!(worst(["Degraded", "Healthy"]), Some("Degraded"));
+        assert_eq!(worst(["Degraded", "Failed", "Healthy"]), Some("Failed"));
+        assert_eq!(worst(["Failed", "Degraded"]), Some("Failed"));
+        assert_eq!(
+            worst(["Healthy", "Rebuilding"]),
+            Some("Rebuilding"),
+            "a word this operator does not know is not taken for healthy"
+        );
+        assert_eq!(
+            worst(["Pending", "Degraded"]),
+            Some("Pending"),
+            "the first of equally bad ones"
+        );
+    }
+
+    #[test]
+    fn an_instance_reports_the_worst_of_the_volumes_its_pod_mounts() {
+        let mut two_volumes = pod("db-1", None);
+        if let Some(volumes) = two_volumes.spec.as_mut().and_then(|s| s.volumes.as_mut()) {
+            volumes.push(
+                serde_json::from_value(
+                    json!({ "name": "wal", "persistentVolumeClaim": { "claimName": "db-1-wal" } }),
+                )
+                .unwrap(),
+            );
+        }
+        let claims = [
+            told("db-1", Some(("Healthy", ""))),
+            told("db-1-wal", Some(("Degraded", "1 disk missing"))),
+            told("db-2", Some(("Failed", "not this instance's"))),
+        ];
+        assert_eq!(
+            instance_health(&two_volumes, &claims).as_deref(),
+            Some("Degraded")
+        );
+        assert_eq!(
+            instance_health(&pod("db-1", None), &claims).as_deref(),
+            Some("Healthy"),
+            "only the claims the pod mounts"
+        );
+        assert_eq!(
+            instance_health(&pod("db-2", None), &claims).as_deref(),
+            Some("Failed")
+        );
+        let unreported = [told("db-1", None)];
+        assert_eq!(instance_health(&pod("db-1", None), &unreported), None);
+        assert_eq!(
+            instance_health(&pod("db-3", None), &claims),
+            None,
+            "no claim of its own"
         );
     }
 }
