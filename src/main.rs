@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod cadence;
-mod event_note;
+mod events;
 mod exposition;
 mod instance;
 mod instance_api;

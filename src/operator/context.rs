@@ -6,10 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::Recorder;
 use castellan_actors::RestartPolicy;
 use castellan_crds::DatabaseCluster;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
-use kube::runtime::events::{self, EventType, Recorder, Reporter};
+use kube::runtime::events::{self, EventType, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
@@ -102,7 +103,7 @@ impl Shared {
                 EventType::Normal
             },
             reason: note.reason.to_owned(),
-            note: Some(crate::event_note::note(&note.message)),
+            note: Some(crate::events::note(&note.message)),
             action: action(note.reason, &note.message),
             secondary: note.related.as_ref().map(|related| ObjectReference {
                 api_version: Some(related.api_version.into()),
@@ -118,9 +119,9 @@ impl Shared {
     }
 }
 
-/// The Event's action: its reason and a digest of its message. kube's `Recorder` folds
-/// an Event into the last one of the same type, action, reason, object and related
-/// object (a series, for six minutes) and keeps that one's note, so without the digest
+/// The Event's action: its reason and a digest of its message. The [`Recorder`] folds an
+/// Event into the last one of the same type, action, reason, object and related object
+/// (a series, for six minutes) and keeps that one's note, so without the digest
 /// a new message would be shown as the old one (a second CA rotation naming the first
 /// one's CA, a Secret back to one CA saying it trusts two). Only the same message
 /// repeated forms a series.

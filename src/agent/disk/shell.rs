@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
+use crate::events::Recorder;
 use actix::prelude::*;
 use castellan_actors::{ChildFailing, Effects, Event, MachineActor};
 use castellan_crds::block_device::BlockDevice;
 use futures::future::BoxFuture;
 use kube::api::Api;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
 use kube::{Client, Resource};
 use tracing::Instrument;
 
@@ -161,7 +162,7 @@ pub async fn report_failing_disks(
         let event = KubeEvent {
             type_: EventType::Warning,
             reason: "Degraded".into(),
-            note: Some(crate::event_note::note(&message)),
+            note: Some(crate::events::note(&message)),
             action: "Supervise".into(),
             secondary: None,
         };

@@ -14,13 +14,14 @@
 //! instances' claims' annotations into the DatabaseCluster's `VolumesHealthy`
 //! condition and each instance's `volumeHealth`.
 
+use crate::events::Recorder;
 use castellan_crds::storage_pool::{
     POOL_HEALTH_ANNOTATION, POOL_HEALTH_MESSAGE_ANNOTATION, PoolNodeStatus,
 };
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -107,7 +108,7 @@ pub fn notice(
     Some(Event {
         type_,
         reason: reason.to_string(),
-        note: Some(crate::event_note::note(&note)),
+        note: Some(crate::events::note(&note)),
         action: "Monitor".to_string(),
         secondary: None,
     })
@@ -264,11 +265,11 @@ mod tests {
         assert!(notice(None, &healthy, place).is_none());
         let long = Report {
             health: "Failed".into(),
-            message: "x".repeat(2 * crate::event_note::MAX_NOTE),
+            message: "x".repeat(2 * crate::events::MAX_NOTE),
         };
         let cut = notice(None, &long, place).and_then(|e| e.note);
         assert!(
-            cut.is_some_and(|note| note.len() <= crate::event_note::MAX_NOTE),
+            cut.is_some_and(|note| note.len() <= crate::events::MAX_NOTE),
             "the API server takes the note"
         );
     }

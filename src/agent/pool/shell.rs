@@ -20,13 +20,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::events::Recorder;
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
 use castellan_crds::storage_pool::StoragePool;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -458,7 +459,7 @@ impl Pools {
         let event = Event {
             type_: kind,
             reason: reason.to_string(),
-            note: Some(crate::event_note::note(&note)),
+            note: Some(crate::events::note(&note)),
             action: action.to_string(),
             secondary: None,
         };

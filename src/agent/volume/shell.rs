@@ -21,11 +21,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use crate::events::Recorder;
 use castellan_crds::storage_pool::{ReclaimPolicy, StoragePool};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -441,7 +442,7 @@ impl Volumes {
         let event = Event {
             type_: kind,
             reason: reason.to_string(),
-            note: Some(crate::event_note::note(&note)),
+            note: Some(crate::events::note(&note)),
             action: "Provision".to_string(),
             secondary: None,
         };
