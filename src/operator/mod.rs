@@ -243,7 +243,16 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .release_pools
         .then(|| tokio::spawn(pools::run(client.clone(), context.shared.clone())));
     tracing::info!("DatabaseCluster controller starting");
-    let controller = Controller::new(watched(&client, &args), watcher::Config::default());
+    // The clusters' cache keeps no managedFields: nothing reads them, and with the
+    // status Castellan applies they were about half of each cluster's copy (here and
+    // in its actor's state).
+    let (clusters, clusters_writer) = reflector::store();
+    let cluster_changes = watcher(watched(&client, &args), watcher::Config::default())
+        .default_backoff()
+        .modify(|cluster: &mut DatabaseCluster| cluster.managed_fields_mut().clear())
+        .reflect(clusters_writer)
+        .applied_objects();
+    let controller = Controller::for_stream(cluster_changes, clusters);
     // Deleted clusters (no finalizer: owner references clean up) never reach
     // reconcile; their actors are stopped when they leave the controller's cache.
     tokio::spawn(stop_deleted(controller.store(), context.clone()));
