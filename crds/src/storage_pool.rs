@@ -67,6 +67,14 @@ pub struct ScrubSpec {
     pub suspend: bool,
 }
 
+/// The health words of a pool on a node: `status.nodes[].health`, and the value of
+/// [`POOL_HEALTH_ANNOTATION`]. The agent writes them; the operator and the plugin read
+/// them.
+pub const HEALTHY: &str = "Healthy";
+pub const DEGRADED: &str = "Degraded";
+pub const FAILED: &str = "Failed";
+pub const PENDING: &str = "Pending";
+
 /// Annotation the node agent keeps on each PersistentVolume of a pool, and on its
 /// claim: the pool's health on the volume's node (`Healthy`, `Degraded`, `Failed`,
 /// `Pending`). The operator reads it from its instances' claims (`VolumesHealthy`).

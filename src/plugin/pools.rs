@@ -2,6 +2,7 @@
 //! and the disks (BlockDevices) it claimed or that nobody claimed.
 
 use anyhow::Context;
+use castellan_crds::storage_pool::HEALTHY;
 use castellan_crds::{BlockDevice, StoragePool};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -131,7 +132,7 @@ pub fn render(summary: &PoolsSummary, width: usize) -> String {
                 let health = n.health.as_deref().unwrap_or("-");
                 vec![
                     n.node.clone(),
-                    good(health, health == "Healthy"),
+                    good(health, health == HEALTHY),
                     bytes(n.capacity_bytes),
                     bytes(n.allocated_bytes),
                     bytes(n.free_bytes),

@@ -4,6 +4,7 @@
 
 use anyhow::Context;
 use castellan_crds::database_cluster::InstanceStatus;
+use castellan_crds::storage_pool::HEALTHY;
 use castellan_crds::{Backup, DatabaseCluster};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
@@ -146,7 +147,7 @@ fn lag(instance: &InstanceStatus) -> String {
 fn volume(instance: &InstanceStatus) -> String {
     match instance.volume_health.as_deref() {
         None => "-".to_owned(),
-        Some(health) => good(health, health == "Healthy"),
+        Some(health) => good(health, health == HEALTHY),
     }
 }
 

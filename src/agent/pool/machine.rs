@@ -321,11 +321,7 @@ pub fn to_mark_in_use(
         .collect()
 }
 
-/// Health words of `status.nodes[].health`.
-pub const HEALTHY: &str = "Healthy";
-pub const DEGRADED: &str = "Degraded";
-pub const FAILED: &str = "Failed";
-pub const PENDING: &str = "Pending";
+pub use castellan_crds::storage_pool::{DEGRADED, FAILED, HEALTHY, PENDING};
 
 /// What the node's pool looks like after the steps ran (or failed).
 #[derive(Clone, Debug, Default)]

@@ -13,7 +13,9 @@
 
 use std::collections::BTreeSet;
 
-use castellan_crds::storage_pool::{POOL_HEALTH_ANNOTATION, POOL_HEALTH_MESSAGE_ANNOTATION};
+use castellan_crds::storage_pool::{
+    FAILED, HEALTHY, POOL_HEALTH_ANNOTATION, POOL_HEALTH_MESSAGE_ANNOTATION,
+};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
@@ -110,10 +112,6 @@ pub const POOL_DEGRADED: &str = "PoolDegraded";
 pub const POOL_FAILED: &str = "PoolFailed";
 /// No volume is on a Castellan pool (no agent reports on them).
 pub const NOT_REPORTED: &str = "NotReported";
-
-/// Pool health words as the agents write them (`agent::pool::machine`).
-const HEALTHY: &str = "Healthy";
-const FAILED: &str = "Failed";
 
 /// How bad a pool health word is: `Failed` worst, then any other word but `Healthy`
 /// (`Degraded`, `Pending`, or one a newer agent writes: not known to be healthy, so
