@@ -75,33 +75,33 @@ impl Recorder {
     ) -> Result<(), kube::Error> {
         let key = Key::of(event, regarding);
         let now = Timestamp::now();
-        let namespace = regarding
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_owned());
-        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        let namespace = namespace_of(regarding);
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
         let repeated = self.series().repeat(&key, now);
-        match repeated {
-            Some((name, count)) => {
-                let patch = json!({"series": EventSeries {
-                    count,
-                    last_observed_time: MicroTime(now),
-                }});
-                events
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-            }
-            None => {
-                let created = events
-                    .create(
-                        &PostParams::default(),
-                        &self.event(event, regarding, &namespace, now),
-                    )
-                    .await?;
-                let name = created.metadata.name.unwrap_or_default();
-                self.series().started(key, name, now);
+        if let Some((name, count)) = repeated {
+            let patch = json!({"series": EventSeries {
+                count,
+                last_observed_time: MicroTime(now),
+            }});
+            match events
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                // The series' Event is gone (deleted, or expired by the API server):
+                // this one starts a new series rather than failing until ours expires.
+                Err(kube::Error::Api(status)) if status.code == 404 => self.series().forget(&key),
+                Err(error) => return Err(error),
             }
         }
+        let created = events
+            .create(
+                &PostParams::default(),
+                &self.event(event, regarding, namespace, now),
+            )
+            .await?;
+        let name = created.metadata.name.unwrap_or_default();
+        self.series().started(key, name, now);
         Ok(())
     }
 
@@ -155,6 +155,13 @@ impl Recorder {
             ..K8sEvent::default()
         }
     }
+}
+
+/// Where an Event about `regarding` is filed: its namespace, or `default` for a
+/// cluster-scoped object (a PersistentVolume, a StoragePool, a BlockDevice), where
+/// `kubectl describe` looks for it.
+pub fn namespace_of(regarding: &ObjectReference) -> &str {
+    regarding.namespace.as_deref().unwrap_or("default")
 }
 
 /// What makes two Events one series.
@@ -218,6 +225,11 @@ impl Series {
         entry.count += 1;
         entry.last = now;
         Some((entry.name.clone(), entry.count))
+    }
+
+    /// `key`'s series ended early (its Event is gone).
+    fn forget(&mut self, key: &Key) {
+        self.entries.remove(key);
     }
 
     /// A new Event named `name` was created for `key`.
@@ -297,6 +309,15 @@ mod tests {
         let later = 20 + SERIES_TTL.as_secs();
         assert_eq!(series.repeat(&key("Created", "a"), at(later)), None);
         assert!(series.entries.is_empty());
+    }
+
+    #[test]
+    fn a_series_whose_event_is_gone_starts_again() {
+        let mut series = Series::default();
+        series.started(key("Created", "a"), "a.1".into(), at(0));
+        assert!(series.repeat(&key("Created", "a"), at(1)).is_some());
+        series.forget(&key("Created", "a"));
+        assert_eq!(series.repeat(&key("Created", "a"), at(2)), None);
     }
 
     #[test]

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::events::Recorder;
 use castellan_actors::RestartPolicy;
 use castellan_crds::DatabaseCluster;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
@@ -17,6 +16,7 @@ use kube::{Client, Resource, ResourceExt};
 use super::build;
 use super::cluster::Note;
 use super::metrics::Metrics;
+use crate::events::Recorder;
 
 /// What every executor needs: the API client, settings, and the tokio runtime that
 /// performs the I/O.

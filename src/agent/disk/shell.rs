@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use crate::events::Recorder;
 use actix::prelude::*;
 use castellan_actors::{ChildFailing, Effects, Event, MachineActor};
 use castellan_crds::block_device::BlockDevice;
@@ -18,6 +17,7 @@ use tracing::Instrument;
 use super::inventory::{Inventory, Write};
 use super::machine::{DiskEffect, DiskEvent, DiskMachine};
 use crate::agent::children::contained;
+use crate::events::Recorder;
 
 pub type DiskActor = MachineActor<DiskMachine, DiskEffects>;
 

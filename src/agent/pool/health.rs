@@ -14,7 +14,6 @@
 //! instances' claims' annotations into the DatabaseCluster's `VolumesHealthy`
 //! condition and each instance's `volumeHealth`.
 
-use crate::events::Recorder;
 use castellan_crds::storage_pool::{
     POOL_HEALTH_ANNOTATION, POOL_HEALTH_MESSAGE_ANNOTATION, PoolNodeStatus,
 };
@@ -26,6 +25,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::machine::HEALTHY;
+use crate::events::Recorder;
 use crate::kube_ops::{NODE_LABEL, POOL_LABEL, apply_status};
 
 /// The claim's condition type.
@@ -147,7 +147,7 @@ pub async fn apply(
             .await?;
         tracing::info!(%node, %pool, volume = %pv.name_any(), health = %now.health, "volume health written");
         let news = notice(previous.as_ref(), &now, (node, pool));
-        // A PersistentVolume is cluster-scoped: kube's Recorder puts its Event in the
+        // A PersistentVolume is cluster-scoped: the Recorder files its Event in the
         // namespace `default` (the agent may create Events in any namespace), where
         // `kubectl describe pv` finds it.
         if let Some(event) = &news
@@ -291,6 +291,7 @@ mod tests {
             (Some("PersistentVolume"), Some("v1"), Some("pvc-1234"), None),
             "no namespace: the Recorder files the Event in `default`"
         );
+        assert_eq!(crate::events::namespace_of(&reference), "default");
     }
 
     #[test]

@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::events::Recorder;
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState, BlockDeviceStatus};
 use castellan_crds::storage_pool::StoragePool;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
@@ -46,6 +45,7 @@ use crate::agent::disk::probe::SignatureKind;
 use crate::agent::host::{self, run};
 use crate::agent::reported::Reported;
 use crate::cadence::Cadence;
+use crate::events::Recorder;
 use crate::kube_ops::{
     self, NODE_LABEL, POOL_FINALIZER, POOL_LABEL, apply_status, node_entry_manager, status_object,
 };

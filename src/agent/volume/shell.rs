@@ -21,7 +21,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use crate::events::Recorder;
 use castellan_crds::storage_pool::{ReclaimPolicy, StoragePool};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -39,6 +38,7 @@ use crate::agent::children::StorageLock;
 use crate::agent::host::{self, run};
 use crate::agent::pool::totals;
 use crate::agent::reported::Reported;
+use crate::events::Recorder;
 use crate::kube_ops::{NODE_LABEL, POOL_LABEL, VOLUME_FINALIZER, set_finalizer};
 use castellan_crds::quantity::parse_bytes;
 
