@@ -20,9 +20,12 @@ use std::time::{Duration, Instant};
 use support::cluster::{Operator, events, jsonpath, wait_for};
 use support::{TestNamespace, client, kubectl, kubectl_ok};
 
-/// Where the test's operator serves its endpoints (and its identity in the Lease); no
-/// other test uses it.
+/// Where each test's operator serves its endpoints (and its identity in the Lease, and
+/// its log's name); the tests of this file run at once, so each has its own, and no
+/// other test uses these.
 const OPERATOR: &str = "127.0.68.1:8080";
+const RETENTION_OPERATOR: &str = "127.0.68.2:8080";
+const CATCH_UP_OPERATOR: &str = "127.0.68.3:8080";
 
 /// `kubectl apply`s a BackupSchedule of cluster `orders`; `extra` is more YAML under
 /// `spec:` (two-space indented lines).
@@ -145,6 +148,12 @@ fn utc_now() -> String {
         .output()
         .expect("running date");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The second of the current UTC minute.
+fn utc_second() -> u32 {
+    let now = utc_now();
+    now[17..19].parse().expect("seconds of date's output")
 }
 
 /// `2026-03-01T10:07:00Z` → `20260301100700`, the suffix of the Backup for that slot.
@@ -399,7 +408,7 @@ async fn retention_deletes_older_completed_backups_and_keeps_the_newest() {
         set_phase(&ns, name, "Completed");
     }
 
-    let operator = Operator::start(&ns, OPERATOR);
+    let operator = Operator::start(&ns, RETENTION_OPERATOR);
     let logs = vec![operator.log.clone()];
     let diagnostics = || describe(&ns, &logs);
     let started = Instant::now();
@@ -487,7 +496,13 @@ async fn an_operator_that_was_down_for_several_slots_makes_exactly_one_catch_up_
     let client = client().await;
     let namespace = TestNamespace::create(&client, "catchup").await;
     let ns = namespace.name.clone();
-    let operator = Operator::start(&ns, OPERATOR);
+    // The first operator must be stopped before its first regular slot (the next whole
+    // minute), or it makes that slot's Backup itself and the catch-up for the same slot
+    // is already done: start early in a minute, leaving the first part most of it.
+    while !(1..=25).contains(&utc_second()) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let operator = Operator::start(&ns, CATCH_UP_OPERATOR);
     let mut logs = vec![operator.log.clone()];
     let started = Instant::now();
     apply_schedule(&ns, "frequent", "* * * * *", "  immediate: true\n");
@@ -513,19 +528,12 @@ async fn an_operator_that_was_down_for_several_slots_makes_exactly_one_catch_up_
         || describe(&ns, &logs),
     );
     operator.terminate();
-    // The immediate Backup is named for the minute it was made in, the same name the
-    // catch-up for that minute's slot would take: let that minute pass first, or the
-    // latest missed slot is the one already served and no catch-up is due.
-    let minute = || {
-        let out = std::process::Command::new("date")
-            .args(["-u", "+%Y%m%d%H%M00"])
-            .output()
-            .expect("running date");
-        format!("frequent-{}", String::from_utf8_lossy(&out.stdout).trim())
-    };
-    while minute() == first {
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    assert_eq!(
+        backups_of(&ns, "frequent"),
+        vec![first.clone()],
+        "the first operator was stopped before its first regular slot\n{}",
+        describe(&ns, &logs)
+    );
 
     // The operator "was down" for ten slots: its record of the first slot not handled
     // yet is ten minutes old (waiting ten real minutes would show the same).
@@ -548,7 +556,7 @@ async fn an_operator_that_was_down_for_several_slots_makes_exactly_one_catch_up_
         &format!("{{\"status\":{{\"nextScheduleTime\":\"{ten_minutes_ago}\"}}}}"),
     ]);
 
-    let operator = Operator::start(&ns, OPERATOR);
+    let operator = Operator::start(&ns, CATCH_UP_OPERATOR);
     logs.push(operator.log.clone());
     let diagnostics = || describe(&ns, &logs);
     wait_for(
