@@ -473,6 +473,16 @@ fn cases() -> Vec<Case> {
             "devices.allowWipe needs devices.pathPattern or devices.nodes",
         ),
         case(
+            // An empty list would narrow nothing on that node, yet count as a filter
+            // for allowWipe.
+            "allowWipe with a node entry that lists no paths",
+            StoragePool,
+            Create(
+                json!({"devices": {"pathPattern": null, "nodes": [{"name": "node-1", "paths": []}], "allowWipe": true}}),
+            ),
+            "should have at least 1 items",
+        ),
+        case(
             "node listed twice",
             StoragePool,
             Create(
@@ -886,6 +896,9 @@ async fn only_the_operator_puts_castellan_labels_on_pods() {
             // An earlier attempt, admitted before the policy was in force, is still
             // being deleted: that is no answer from the policy.
             Some(message) if message.contains("AlreadyExists") => {}
+            // The namespace is new: its `default` service account, which every pod
+            // gets, is made by the controller manager a moment later.
+            Some(message) if message.contains("error looking up service account") => {}
             Some(message) => break message,
             None => {
                 kubectl_ok(&["delete", "pod", "fake-primary", "-n", ns, "--wait=false"]);
