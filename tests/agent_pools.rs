@@ -18,14 +18,19 @@ use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use castellan_crds::block_device::{BlockDevice, BlockDeviceState};
-use castellan_crds::storage_pool::{PoolNodeStatus, StoragePool, StoragePoolStatus};
+use castellan_crds::storage_pool::{
+    PoolNodeStatus, PoolReplacement, StoragePool, StoragePoolStatus,
+};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, watcher};
 
 /// btrfs raid1 wants a little over 100 MiB per device; 256 MiB leaves room.
 const DISK: u64 = 256 * MIB;
@@ -1185,10 +1190,12 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
 
     // A new clean disk on the node replaces the failed one; the data is read (page
     // cache dropped) all along.
+    // Every version of the pool's status from here on: the replacement is in status
+    // while it runs, however short that is (a 1 GiB copy can end between two polls).
+    let replacements = watch_replacements(&setup).await;
     let new = setup.disk("new.img");
     let attached = Instant::now();
     let mut reads = 0;
-    let mut seen_replacing = false;
     let healthy = loop {
         fs::write("/proc/sys/vm/drop_caches", "3").expect("dropping the page cache");
         let read = Command::new("cat")
@@ -1200,9 +1207,7 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
             "the data read during the replacement"
         );
         reads += 1;
-        let entry = setup_entry(&setup).await;
-        seen_replacing |= entry.as_ref().is_some_and(|e| e.replacement.is_some());
-        if let Some(entry) = entry
+        if let Some(entry) = setup_entry(&setup).await
             && entry.health.as_deref() == Some("Healthy")
         {
             break entry;
@@ -1214,9 +1219,15 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let seen = replacements.stop();
     println!(
-        "{node}: Healthy {:.2} s after the replacement disk was attached ({reads} reads of the data meanwhile, replacement seen in status: {seen_replacing})",
+        "{node}: Healthy {:.2} s after the replacement disk was attached ({reads} reads of the data meanwhile); replacement in status: {seen:?}",
         attached.elapsed().as_secs_f64()
+    );
+    assert!(
+        seen.iter()
+            .any(|r| r.path == new && r.failed.contains(&bad) && !r.block_device.is_empty()),
+        "status.nodes[].replacement named the failed disk and its replacement while it ran: {seen:?}"
     );
     let states: Vec<(String, Option<String>)> = healthy
         .disks
@@ -1664,6 +1675,68 @@ async fn wait_claim_health(
 }
 
 /// The test node's entry in its pool's status, if any.
+/// The `replacement` entries of a node's pool status, every version the API server
+/// served while the watch ran.
+struct Replacements {
+    seen: Arc<Mutex<Vec<PoolReplacement>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Replacements {
+    fn stop(self) -> Vec<PoolReplacement> {
+        self.task.abort();
+        self.seen.lock().expect("the watch's record").clone()
+    }
+}
+
+async fn watch_replacements(setup: &OneNode) -> Replacements {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (api, pool, node) = (
+        setup.pool_api.clone(),
+        setup.pool.clone(),
+        setup.node.clone(),
+    );
+    let (started, watching) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let config = watcher::Config::default().fields(&format!("metadata.name={pool}"));
+            let mut events = std::pin::pin!(watcher(api, config));
+            let mut started = Some(started);
+            while let Some(event) = events.next().await {
+                let object = match event {
+                    Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => object,
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(started) = started.take() {
+                            let _ = started.send(());
+                        }
+                        continue;
+                    }
+                    _ => continue,
+                };
+                let replacement = object
+                    .status
+                    .unwrap_or_default()
+                    .nodes
+                    .into_iter()
+                    .find(|entry| entry.node == node)
+                    .and_then(|entry| entry.replacement);
+                if let Some(replacement) = replacement {
+                    let mut seen = seen.lock().expect("the watch's record");
+                    if seen.last() != Some(&replacement) {
+                        seen.push(replacement);
+                    }
+                }
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), watching)
+        .await
+        .expect("the StoragePool watch started within 10 s")
+        .expect("the StoragePool watch ran");
+    Replacements { seen, task }
+}
+
 async fn setup_entry(setup: &OneNode) -> Option<PoolNodeStatus> {
     setup
         .pool_api
