@@ -83,8 +83,8 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// glibc gives threads that allocate at the same time arenas of their own (up to eight
 /// per core), and memory freed in one arena serves no other: the burst of an operator
 /// starting onto 100 clusters (a hundred actors' requests at once) leaves each arena
-/// holding its peak. One arena cost 9 MiB less untraced, 13 MiB less with traces
-/// exported, of 50–57 MiB (docs/benchmarks.md, Scale); these processes do too little
+/// holding its peak. With one arena that operator held 9 MiB less untraced and 11–13
+/// MiB less with traces exported, of 50–57 MiB (docs/benchmarks.md, Scale); these processes do too little
 /// allocation for the shared lock to matter. The setting must be in place before the
 /// first allocation, and the code forbids `unsafe` (no `mallopt`), so the process
 /// executes itself again with `MALLOC_ARENA_MAX=1` in its environment, keeping its pid
@@ -129,7 +129,11 @@ fn main() -> anyhow::Result<()> {
     if invoked_as.as_deref() == Some(std::ffi::OsStr::new(plugin::PLUGIN_NAME)) {
         return plugin::run(plugin::PluginCli::parse().args);
     }
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    if matches!(command, Command::Operator(_) | Command::Agent(_)) {
+        with_one_malloc_arena();
+    }
+    match command {
         Command::Plugin(args) => plugin::run(args),
         Command::Instance(args) => {
             let _telemetry = telemetry::init(
@@ -144,12 +148,8 @@ fn main() -> anyhow::Result<()> {
                 .context("starting the async runtime")?
                 .block_on(instance::run(*args))
         }
-        Command::Agent(args) => {
-            with_one_malloc_arena();
-            agent::run(args)
-        }
+        Command::Agent(args) => agent::run(args),
         Command::Operator(args) => {
-            with_one_malloc_arena();
             let _telemetry = telemetry::init("castellan-operator", args.log.log_format, &[]);
             tokio::runtime::Runtime::new()
                 .context("starting the async runtime")?

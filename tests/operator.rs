@@ -32,10 +32,39 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     // Two replicas of the operator: only the one holding the Lease acts.
     let mut operators = vec![
         Operator::start(&ns, METRICS_ADDRESSES[0]),
-        Operator::start(&ns, METRICS_ADDRESSES[1]),
+        // A user's own malloc setting, which the operator keeps.
+        Operator::start_with_env(&ns, METRICS_ADDRESSES[1], &[], &[("MALLOC_ARENA_MAX", "2")]),
     ];
     let logs: Vec<PathBuf> = operators.iter().map(|o| o.log.clone()).collect();
     let operator_log = || Operator::logs(&logs);
+    // The first runs with one malloc arena: it executed itself again with
+    // MALLOC_ARENA_MAX=1, keeping its pid and its arguments. The second keeps the
+    // value it was started with.
+    for (operator, arenas) in operators.iter().zip(["1", "2"]) {
+        wait_for(
+            "the operator serves /healthz",
+            Duration::from_secs(30),
+            || http_get(operator.address, "/healthz").0 == 200,
+            || Operator::logs(&logs),
+        );
+        let proc = PathBuf::from(format!("/proc/{}", operator.pid()));
+        let environ = std::fs::read(proc.join("environ")).expect("the operator's environment");
+        assert!(
+            environ
+                .split(|b| *b == 0)
+                .any(|var| var == format!("MALLOC_ARENA_MAX={arenas}").as_bytes()),
+            "operator {} runs without MALLOC_ARENA_MAX={arenas}",
+            operator.address
+        );
+        let cmdline = std::fs::read(proc.join("cmdline")).expect("the operator's arguments");
+        assert!(
+            cmdline
+                .split(|b| *b == 0)
+                .any(|arg| arg == operator.address.as_bytes()),
+            "operator {} lost its arguments",
+            operator.address
+        );
+    }
     let started = Instant::now();
     // Every statement logged: the passwords Castellan sets must not be among them.
     apply_cluster(
