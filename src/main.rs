@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod api_client;
 mod cadence;
 mod events;
 mod exposition;

@@ -93,6 +93,19 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         "kubectl apply to Ready (2 instances): {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    // The leader reaches the API server over one HTTP/2 connection, however many
+    // watches and requests it has open (src/api_client.rs); kube's own client holds a
+    // connection per watch and keeps every connection of a burst.
+    let leader = operators
+        .iter()
+        .find(|o| o.is_leader())
+        .expect("one operator leads");
+    let port = api_server_port().await;
+    assert_eq!(
+        tcp_connections_to(leader.pid(), port),
+        1,
+        "the leading operator's TCP connections to the API server (port {port})"
+    );
     assert_eq!(
         jsonpath("dbc", "shop", &ns, "{.status.currentPrimary}"),
         "shop-1"
@@ -457,4 +470,58 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     );
     drop(survivor);
     drop(volumes);
+}
+
+/// The API server's port, from the kubeconfig the tests and their operators use.
+async fn api_server_port() -> u16 {
+    let kubeconfig = kube::config::Kubeconfig::read_from(support::kubeconfig_path())
+        .expect("reading the kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("loading the kubeconfig");
+    config
+        .cluster_url
+        .port_u16()
+        .expect("the API server's URL names its port")
+}
+
+/// How many established TCP connections process `pid` has to `port`: its sockets'
+/// inodes looked up in the TCP tables of its network namespace.
+fn tcp_connections_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the operator's file descriptors")
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let remote_port = format!(":{port:04X}");
+    ["tcp", "tcp6"]
+        .iter()
+        .flat_map(|table| {
+            std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .map(|line| {
+                    line.split_whitespace()
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
+        })
+        // local address, remote address, state (01: established), …, inode (10th).
+        .filter(|fields| {
+            fields.len() > 9
+                && fields[2].ends_with(&remote_port)
+                && fields[3] == "01"
+                && inodes.contains(&fields[9])
+        })
+        .count()
 }

@@ -126,9 +126,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
 
 async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     let node = args.node_name.clone();
-    let client = Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API server (in-cluster config or KUBECONFIG)")?;
+    let client = crate::api_client::infer().await?;
 
     let node_object = Api::<Node>::all(client.clone())
         .get_opt(&node)

@@ -110,9 +110,7 @@ pub struct OperatorArgs {
 }
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
-    let client = Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API")?;
+    let client = crate::api_client::infer().await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let serving = endpoints::serve(args.metrics_address, client.clone(), metrics.clone());
     tokio::spawn(async move {

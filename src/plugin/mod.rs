@@ -148,7 +148,7 @@ async fn connect(args: &PluginArgs) -> anyhow::Result<Target> {
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
-    let client = Client::try_from(config).context("building the API client")?;
+    let client = crate::api_client::from_config(config)?;
     Ok(Target { client, namespace })
 }
 
