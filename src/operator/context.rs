@@ -35,7 +35,17 @@ pub struct Shared {
     /// The image catalog's ConfigMap, kept current by a watch, and its
     /// `namespace/name`.
     images: (Store<ConfigMap>, String),
+    /// Permits for cluster passes (`CONCURRENT_PASSES`).
+    pub passes: tokio::sync::Semaphore,
 }
+
+/// How many cluster passes run at once. An operator started onto many clusters starts
+/// every cluster actor together, and each one's first pass reads and applies its
+/// objects. Unbounded, the memory of all of them in flight at once stays with the
+/// process as the heap's peak (docs/benchmarks.md, "Restarting onto 100 clusters").
+/// A pass talks only to the API server, in milliseconds; a waiting pass holds nothing.
+/// This is controller-runtime's `MaxConcurrentReconciles` for the cluster controller.
+pub const CONCURRENT_PASSES: usize = 8;
 
 impl Shared {
     pub fn new(
@@ -60,6 +70,7 @@ impl Shared {
             trust: std::sync::RwLock::new(Arc::new(trust)),
             nodes,
             images,
+            passes: tokio::sync::Semaphore::new(CONCURRENT_PASSES),
         }
     }
 

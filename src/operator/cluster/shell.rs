@@ -146,6 +146,8 @@ impl Effects<ClusterMachine> for ClusterEffects {
                 let shared = self.shared.clone();
                 let span = tracing::info_span!("converge", cluster = %self.key);
                 self.spawn_io(span, async move {
+                    // Never closed; a pass runs without a permit rather than not at all.
+                    let _permit = shared.passes.acquire().await.ok();
                     let outcome = shared
                         .metrics
                         .reconcile("cluster", pass::run(&order, &shared))
