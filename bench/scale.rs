@@ -52,7 +52,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use kube::runtime::watcher;
 
-use support::cluster::{LocalVolumes, Operator, apply_cluster};
+use support::cluster::{LocalVolumes, Operator, apply_cluster, wait_for};
 use support::disks::{Loops, sparse_file};
 use support::{TestNamespace, client, kubeconfig_path, kubectl, kubectl_ok};
 
@@ -108,13 +108,7 @@ fn memory(pid: u32) -> Memory {
         anon: field("RssAnon"),
         file: field("RssFile"),
         threads: field("Threads"),
-        sockets: std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .map(|fds| {
-                fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-                    .filter(|target| target.to_string_lossy().starts_with("socket:"))
-                    .count()
-            })
-            .unwrap_or(0),
+        sockets: support::socket_inodes(pid).len(),
     }
 }
 
@@ -344,15 +338,12 @@ fn restarted(
     env: &[(&str, &str)],
 ) -> (Operator, Memory) {
     let operator = Operator::start_program(program, ns, address, &[], env);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !operator.is_leader() {
-        assert!(
-            Instant::now() < deadline,
-            "the restarted operator did not lead within 120 s:\n{}",
-            Operator::logs(std::slice::from_ref(&operator.log))
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_for(
+        "the restarted operator leads",
+        Duration::from_secs(120),
+        || operator.is_leader(),
+        || Operator::logs(std::slice::from_ref(&operator.log)),
+    );
     std::thread::sleep(RESTART_SETTLE);
     let sample = memory(operator.pid());
     (operator, sample)

@@ -100,7 +100,11 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
         .iter()
         .find(|o| o.is_leader())
         .expect("one operator leads");
-    let port = api_server_port().await;
+    let port = support::config()
+        .await
+        .cluster_url
+        .port_u16()
+        .expect("the API server's URL names its port");
     assert_eq!(
         tcp_connections_to(leader.pid(), port),
         1,
@@ -472,35 +476,10 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     drop(volumes);
 }
 
-/// The API server's port, from the kubeconfig the tests and their operators use.
-async fn api_server_port() -> u16 {
-    let kubeconfig = kube::config::Kubeconfig::read_from(support::kubeconfig_path())
-        .expect("reading the kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("loading the kubeconfig");
-    config
-        .cluster_url
-        .port_u16()
-        .expect("the API server's URL names its port")
-}
-
 /// How many established TCP connections process `pid` has to `port`: its sockets'
 /// inodes looked up in the TCP tables of its network namespace.
 fn tcp_connections_to(pid: u32, port: u16) -> usize {
-    let inodes: std::collections::BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("the operator's file descriptors")
-        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-        .filter_map(|target| {
-            let target = target.to_string_lossy().into_owned();
-            Some(
-                target
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .to_owned(),
-            )
-        })
-        .collect();
+    let inodes = support::socket_inodes(pid);
     let remote_port = format!(":{port:04X}");
     ["tcp", "tcp6"]
         .iter()

@@ -32,14 +32,37 @@ pub fn kubeconfig_path() -> PathBuf {
     }
 }
 
-pub async fn client() -> Client {
+/// The test cluster's client configuration, from [`kubeconfig_path`].
+pub async fn config() -> Config {
     let path = kubeconfig_path();
     let kubeconfig = Kubeconfig::read_from(&path)
         .unwrap_or_else(|e| panic!("reading kubeconfig {}: {e}", path.display()));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .unwrap_or_else(|e| panic!("loading kubeconfig {}: {e}", path.display()));
-    Client::try_from(config).expect("building a client for the test cluster")
+        .unwrap_or_else(|e| panic!("loading kubeconfig {}: {e}", path.display()))
+}
+
+pub async fn client() -> Client {
+    Client::try_from(config().await).expect("building a client for the test cluster")
+}
+
+/// The inodes of process `pid`'s open sockets (`socket:[N]` links in /proc/PID/fd);
+/// empty once it has exited.
+pub fn socket_inodes(pid: u32) -> std::collections::BTreeSet<String> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Default::default();
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// The repository root (the package root, which is the repository root for this
