@@ -75,6 +75,41 @@ where
     .await
 }
 
+/// Like [`apply_status`], but only onto the object as it was read: the applied object
+/// carries `resource_version`, which server-side apply takes as a precondition. When
+/// anyone wrote the object since (another manager's status, or this writer's own
+/// earlier write that the reader's cache had not caught up with), the API server
+/// answers 409 Conflict instead of the write putting back what was decided on stale
+/// fields.
+pub async fn apply_status_at<K>(
+    api: &Api<K>,
+    name: &str,
+    resource_version: &str,
+    field_manager: &str,
+    status: &impl Serialize,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned,
+{
+    api.patch_status(
+        name,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(status_object_at::<K>(name, resource_version, status)),
+    )
+    .await
+}
+
+/// [`status_object`] with the resource version it may be applied onto.
+pub fn status_object_at<K: Resource<DynamicType = ()>>(
+    name: &str,
+    resource_version: &str,
+    status: &impl Serialize,
+) -> Value {
+    let mut object = status_object::<K>(name, status);
+    object["metadata"]["resourceVersion"] = json!(resource_version);
+    object
+}
+
 /// The merge patch that gives `object` the finalizers it has, with `finalizer` present
 /// (added last) or not. A merge patch replaces the whole list, so it carries the
 /// resource version the list was read at: when another writer changed the object
@@ -141,6 +176,19 @@ mod tests {
         assert_eq!(
             (&core["apiVersion"], &core["kind"]),
             (&json!("v1"), &json!("PersistentVolume"))
+        );
+    }
+
+    #[test]
+    fn a_status_object_at_a_version_carries_it_as_its_precondition() {
+        assert_eq!(
+            status_object_at::<BlockDevice>("node-a-serial-1", "42", &json!({})),
+            json!({
+                "apiVersion": "castellan.io/v1alpha1",
+                "kind": "BlockDevice",
+                "metadata": { "name": "node-a-serial-1", "resourceVersion": "42" },
+                "status": {},
+            })
         );
     }
 

@@ -8,6 +8,7 @@
 //! creates nothing and writes the same status.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use castellan_crds::DatabaseCluster;
 use castellan_crds::backup::{Backup, BackupMethod, BackupSpec};
@@ -27,7 +28,7 @@ use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::upgrade::{Job, JobSeen};
 use super::volumes;
-use crate::kube_ops::{CLUSTER_LABEL, apply_status};
+use crate::kube_ops::{CLUSTER_LABEL, apply_status, apply_status_at};
 use crate::operator::build::{self, ROLE_LABEL};
 use crate::operator::catalog;
 use crate::operator::certificates::{self, ClusterCertificate};
@@ -103,27 +104,6 @@ async fn missing_storage_classes(
     missing
 }
 
-/// The condition `type_` as the API server has it now. `None` when it cannot be read.
-async fn written_condition(
-    client: &Client,
-    cluster: &DatabaseCluster,
-    type_: &str,
-) -> Option<Condition> {
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
-    match clusters.get_status(&cluster.name_any()).await {
-        Ok(fresh) => fresh
-            .status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == type_),
-        Err(error) => {
-            tracing::warn!(cluster = %cluster.name_any(), %error, "could not read the cluster's status");
-            None
-        }
-    }
-}
-
 /// Keeps the application Secret's derived keys right: `uri` follows a changed
 /// `password`, and `ca.crt` holds the CA the server's certificate is verified with (a
 /// Secret made before TLS lacks it; a replaced CA changes it).
@@ -169,6 +149,7 @@ async fn follow_app_secret(
 }
 
 pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, Error> {
+    let order = &with_current_status(order, &context.client).await?;
     let cluster = order.cluster.as_ref();
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
     let client = &context.client;
@@ -664,16 +645,9 @@ async fn enact(
             .status
             .as_ref()
             .and_then(|status| condition_of(status, type_));
-        let mut note = warning(previous, current);
-        if note.is_some() {
-            // The cluster this pass started from may predate the status the previous
-            // pass wrote (the controller's cache lags the write): decide again on a
-            // fresh read, so that the Warning is recorded once, not once per pass until
-            // the cache catches up.
-            let written = written_condition(client, cluster, type_).await;
-            note = warning(written.as_ref(), current);
-        }
-        if let Some(note) = note {
+        // `previous` is the status as the API server holds it (read at the start of
+        // the pass), so the Warning is recorded once.
+        if let Some(note) = warning(previous, current) {
             context.record(cluster, note).await;
         }
     }
@@ -689,13 +663,56 @@ fn condition_of<'a>(status: &'a DatabaseClusterStatus, type_: &str) -> Option<&'
     status.conditions.iter().find(|c| c.type_ == type_)
 }
 
-/// Server-side apply of the cluster's `status` (the fields this controller owns).
-pub async fn write_status(
+/// The order with the cluster's status and resource version as the API server holds
+/// them now. The machine's cluster comes from the controller's cache, which may not
+/// hold the status the previous pass wrote yet: decided on that, a pass would write
+/// back what the previous one had replaced (an upgrade's old data `Kept` again after
+/// it was removed, so that a rollback to it would be admitted). The spec stays the
+/// machine's, which its decisions (the primary, the instances to remove) were made on.
+async fn with_current_status(
+    order: &ConvergeOrder,
+    client: &Client,
+) -> Result<ConvergeOrder, Error> {
+    let cluster = order.cluster.as_ref();
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let current = clusters
+        .get_status(&cluster.name_any())
+        .await
+        .map_err(kube_error("reading status", cluster))?;
+    let mut merged = cluster.clone();
+    merged.status = current.status;
+    merged.metadata.resource_version = current.metadata.resource_version;
+    Ok(ConvergeOrder {
+        cluster: Arc::new(merged),
+        ..order.clone()
+    })
+}
+
+/// Server-side apply of the cluster's `status` (the fields this controller owns), onto
+/// the resource version the pass read it at: when anything wrote the cluster since,
+/// the API server refuses it (409 Conflict) and the next pass decides again on what
+/// is there.
+async fn write_status(
     client: &Client,
     cluster: &DatabaseCluster,
     status: &impl Serialize,
 ) -> Result<(), Error> {
-    write_status_as(client, cluster, status, MANAGER).await
+    let Some(resource_version) = cluster.resource_version() else {
+        return write_status_as(client, cluster, status, MANAGER).await;
+    };
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    apply_status_at(
+        &clusters,
+        &cluster.name_any(),
+        &resource_version,
+        MANAGER,
+        status,
+    )
+    .await
+    .map_err(kube_error("writing status", cluster))?;
+    Ok(())
 }
 
 /// Server-side apply of the fields of the cluster's `status` that `manager` owns.
