@@ -67,39 +67,30 @@ pub async fn apply_status<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned,
 {
-    api.patch_status(
-        name,
-        &PatchParams::apply(field_manager).force(),
-        &Patch::Apply(status_object::<K>(name, status)),
-    )
-    .await
+    apply_status_object(api, name, field_manager, status_object::<K>(name, status)).await
 }
 
-/// Like [`apply_status`], but only onto the object as it was read: the applied object
-/// carries `resource_version`, which server-side apply takes as a precondition. When
-/// anyone wrote the object since (another manager's status, or this writer's own
-/// earlier write that the reader's cache had not caught up with), the API server
-/// answers 409 Conflict instead of the write putting back what was decided on stale
-/// fields.
-pub async fn apply_status_at<K>(
+/// Applies `object`, a whole object for `K`'s status subresource such as
+/// [`status_object`] or [`status_object_at`] make, under `field_manager`, forcing (as
+/// [`apply_status`]).
+pub async fn apply_status_object<K>(
     api: &Api<K>,
     name: &str,
-    resource_version: &str,
     field_manager: &str,
-    status: &impl Serialize,
+    object: Value,
 ) -> Result<K, kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned,
 {
-    api.patch_status(
-        name,
-        &PatchParams::apply(field_manager).force(),
-        &Patch::Apply(status_object_at::<K>(name, resource_version, status)),
-    )
-    .await
+    let params = PatchParams::apply(field_manager).force();
+    api.patch_status(name, &params, &Patch::Apply(object)).await
 }
 
-/// [`status_object`] with the resource version it may be applied onto.
+/// [`status_object`] with the resource version it may be applied onto: server-side
+/// apply takes it as a precondition. When anyone wrote the object since (another
+/// manager's status, or this writer's own earlier write that the reader's cache had not
+/// caught up with), the API server answers 409 Conflict instead of the write putting
+/// back what was decided on stale fields.
 pub fn status_object_at<K: Resource<DynamicType = ()>>(
     name: &str,
     resource_version: &str,

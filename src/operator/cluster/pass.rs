@@ -28,7 +28,7 @@ use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::upgrade::{Job, JobSeen};
 use super::volumes;
-use crate::kube_ops::{CLUSTER_LABEL, apply_status, apply_status_at};
+use crate::kube_ops::{CLUSTER_LABEL, apply_status, apply_status_object, status_object_at};
 use crate::operator::build::{self, ROLE_LABEL};
 use crate::operator::catalog;
 use crate::operator::certificates::{self, ClusterCertificate};
@@ -703,15 +703,11 @@ async fn write_status(
     };
     let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
     let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
-    apply_status_at(
-        &clusters,
-        &cluster.name_any(),
-        &resource_version,
-        MANAGER,
-        status,
-    )
-    .await
-    .map_err(kube_error("writing status", cluster))?;
+    let name = cluster.name_any();
+    let object = status_object_at::<DatabaseCluster>(&name, &resource_version, status);
+    apply_status_object(&clusters, &name, MANAGER, object)
+        .await
+        .map_err(kube_error("writing status", cluster))?;
     Ok(())
 }
 
