@@ -28,7 +28,9 @@ use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::upgrade::{Job, JobSeen};
 use super::volumes;
-use crate::kube_ops::{CLUSTER_LABEL, apply_status, apply_status_object, status_object_at};
+use crate::kube_ops::{
+    CLUSTER_LABEL, apply_status, apply_status_object, status_object, status_object_at,
+};
 use crate::operator::build::{self, ROLE_LABEL};
 use crate::operator::catalog;
 use crate::operator::certificates::{self, ClusterCertificate};
@@ -421,12 +423,6 @@ async fn enact_upgrade(
             }
         }
     }
-    // A step decided from a lagging cache (the previous pass wrote a newer one) starts
-    // nothing and says nothing: the pass on the written step does.
-    let acts = step.job.is_some() || step.backup.is_some() || !step.notes.is_empty();
-    if acts && !still_in_phase(context, cluster).await? {
-        return Ok(());
-    }
     if let Some(job) = &step.job {
         let catalog = context.catalog();
         let (old, new) = match job {
@@ -486,25 +482,6 @@ async fn enact_upgrade(
         context.record(cluster, note.clone()).await;
     }
     Ok(())
-}
-
-/// Whether the cluster's written upgrade step is still the one this pass started from:
-/// the controller's cache can lag a step the previous pass wrote, and a pod is started
-/// only for the step that is written.
-async fn still_in_phase(context: &Shared, cluster: &DatabaseCluster) -> Result<bool, Error> {
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let clusters: Api<DatabaseCluster> = Api::namespaced(context.client.clone(), &namespace);
-    let fresh = clusters
-        .get(&cluster.name_any())
-        .await
-        .map_err(kube_error("reading the cluster's upgrade step", cluster))?;
-    let phase = |c: &DatabaseCluster| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.upgrade.as_ref())
-            .map(|u| (u.phase.clone(), u.generation))
-    };
-    Ok(phase(&fresh) == phase(cluster))
 }
 
 /// What the nodes of `pods` are known to be, from the operator's reflector of Nodes.
@@ -674,9 +651,7 @@ async fn with_current_status(
     client: &Client,
 ) -> Result<ConvergeOrder, Error> {
     let cluster = order.cluster.as_ref();
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
-    let current = clusters
+    let current = clusters(client, cluster)
         .get_status(&cluster.name_any())
         .await
         .map_err(kube_error("reading status", cluster))?;
@@ -698,14 +673,13 @@ async fn write_status(
     cluster: &DatabaseCluster,
     status: &impl Serialize,
 ) -> Result<(), Error> {
-    let Some(resource_version) = cluster.resource_version() else {
-        return write_status_as(client, cluster, status, MANAGER).await;
-    };
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
     let name = cluster.name_any();
-    let object = status_object_at::<DatabaseCluster>(&name, &resource_version, status);
-    apply_status_object(&clusters, &name, MANAGER, object)
+    // `with_current_status` took it from the API server, which always sets one.
+    let object = match cluster.resource_version() {
+        Some(version) => status_object_at::<DatabaseCluster>(&name, &version, status),
+        None => status_object::<DatabaseCluster>(&name, status),
+    };
+    apply_status_object(&clusters(client, cluster), &name, MANAGER, object)
         .await
         .map_err(kube_error("writing status", cluster))?;
     Ok(())
@@ -718,10 +692,19 @@ pub async fn write_status_as(
     status: &impl Serialize,
     manager: &str,
 ) -> Result<(), Error> {
-    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
-    let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
-    apply_status(&clusters, &cluster.name_any(), manager, status)
-        .await
-        .map_err(kube_error("writing status", cluster))?;
+    apply_status(
+        &clusters(client, cluster),
+        &cluster.name_any(),
+        manager,
+        status,
+    )
+    .await
+    .map_err(kube_error("writing status", cluster))?;
     Ok(())
+}
+
+/// The DatabaseClusters of `cluster`'s namespace.
+fn clusters(client: &Client, cluster: &DatabaseCluster) -> Api<DatabaseCluster> {
+    let namespace = cluster.namespace().unwrap_or_else(|| "default".to_owned());
+    Api::namespaced(client.clone(), &namespace)
 }
