@@ -11,6 +11,7 @@
 use std::fmt::Debug;
 
 use kube::api::{Api, Patch, PatchParams};
+use kube::core::object::HasStatus;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -99,6 +100,44 @@ pub fn status_object_at<K: Resource<DynamicType = ()>>(
     let mut object = status_object::<K>(name, status);
     object["metadata"]["resourceVersion"] = json!(resource_version);
     object
+}
+
+/// `object` with the status the API server holds now and the resource version it holds
+/// it at; the rest (spec, metadata) stays as it was. A controller's object comes from
+/// its cache, which may not yet hold the status its own previous pass wrote: decided on
+/// that, a pass would redo what was done and write back what was replaced. One GET of
+/// the status subresource; pair it with [`apply_status_onto`].
+pub async fn with_current_status<K>(api: &Api<K>, object: &K) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + HasStatus + Clone + DeserializeOwned + Debug,
+{
+    let mut current = api.get_status(&object.name_any()).await?;
+    let mut merged = object.clone();
+    *merged.status_mut() = current.status_mut().take();
+    merged.meta_mut().resource_version = current.meta_mut().resource_version.take();
+    Ok(merged)
+}
+
+/// Applies `status` to `object` under `field_manager` (as [`apply_status`]), onto the
+/// resource version `object` was read at ([`status_object_at`]): when anything wrote
+/// the object since, the API server answers 409 Conflict and the caller's next pass
+/// decides again on what is there.
+pub async fn apply_status_onto<K>(
+    api: &Api<K>,
+    object: &K,
+    field_manager: &str,
+    status: &impl Serialize,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned,
+{
+    let name = object.name_any();
+    // Objects read from the API server always carry one.
+    let body = match object.resource_version() {
+        Some(version) => status_object_at::<K>(&name, &version, status),
+        None => status_object::<K>(&name, status),
+    };
+    apply_status_object(api, &name, field_manager, body).await
 }
 
 /// The merge patch that gives `object` the finalizers it has, with `finalizer` present

@@ -27,7 +27,7 @@ use super::context::Shared;
 use super::instance_client::{self, InstanceApiError};
 use super::object_store::archive_setting;
 use crate::instance_api::{ArchiveTarget, BackupReport, BackupRequest, LsnResponse};
-use crate::kube_ops::apply_status;
+use crate::kube_ops::{apply_status_onto, with_current_status};
 use machine::{Act, Decision, Observed};
 
 /// The field manager of what this controller writes.
@@ -120,15 +120,30 @@ async fn reconcile(backup: Arc<Backup>, context: Arc<Context>) -> Result<Action,
         .await
 }
 
-async fn reconcile_traced(backup: &Backup, context: &Context) -> Result<Action, Error> {
+/// Whether `backup` has nothing left to do: failed, or completed and not to be
+/// verified. Both are final, so the cache's word is enough.
+fn settled(backup: &Backup) -> bool {
     let phase = backup.status.as_ref().and_then(|s| s.phase.as_deref());
-    if phase == Some(machine::FAILED)
-        || (phase == Some(machine::COMPLETED) && !verify::wanted(backup))
-    {
+    phase == Some(machine::FAILED) || (phase == Some(machine::COMPLETED) && !verify::wanted(backup))
+}
+
+async fn reconcile_traced(cached: &Backup, context: &Context) -> Result<Action, Error> {
+    if settled(cached) {
         return Ok(Action::await_change());
     }
     let client = &context.shared.client;
-    let namespace = backup.namespace().unwrap_or_else(|| "default".to_owned());
+    let namespace = cached.namespace().unwrap_or_else(|| "default".to_owned());
+    // Decided on the status as it is now, not as the cache may still have it: a pass
+    // on a stale one would start again what is running, or write back a phase the
+    // previous pass had left.
+    let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
+    let backup = &with_current_status(&backups, cached)
+        .await
+        .map_err(kube_error("reading the status", cached))?;
+    if settled(backup) {
+        return Ok(Action::await_change());
+    }
+    let phase = backup.status.as_ref().and_then(|s| s.phase.as_deref());
     let clusters: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
     let cluster = clusters
         .get_opt(&backup.spec.cluster)
@@ -429,6 +444,9 @@ async fn manifest(target: &ArchiveTarget, system_id: &str, id: &str) -> Option<B
         })
 }
 
+/// Applies the Backup's status onto the resource version `backup` was read at: when
+/// anything wrote it since, the API server refuses (409 Conflict) and the next pass
+/// decides again on what is there.
 pub(super) async fn write_status(
     client: &Client,
     backup: &Backup,
@@ -438,7 +456,7 @@ pub(super) async fn write_status(
     let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
     let mut status = status.clone();
     status.observed_generation = backup.metadata.generation;
-    apply_status(&backups, &backup.name_any(), MANAGER, &status)
+    apply_status_onto(&backups, backup, MANAGER, &status)
         .await
         .map_err(kube_error("writing the status", backup))?;
     Ok(())

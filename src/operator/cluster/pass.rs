@@ -28,9 +28,7 @@ use super::plan::{self, NodeHealth, Observed, Plan, SERVER_CERTIFICATE};
 use super::state::{ConvergeOrder, Converged, Note, desired_count};
 use super::upgrade::{Job, JobSeen};
 use super::volumes;
-use crate::kube_ops::{
-    CLUSTER_LABEL, apply_status, apply_status_object, status_object, status_object_at,
-};
+use crate::kube_ops::{self, CLUSTER_LABEL, apply_status, apply_status_onto};
 use crate::operator::build::{self, ROLE_LABEL};
 use crate::operator::catalog;
 use crate::operator::certificates::{self, ClusterCertificate};
@@ -641,23 +639,19 @@ fn condition_of<'a>(status: &'a DatabaseClusterStatus, type_: &str) -> Option<&'
 }
 
 /// The order with the cluster's status and resource version as the API server holds
-/// them now. The machine's cluster comes from the controller's cache, which may not
-/// hold the status the previous pass wrote yet: decided on that, a pass would write
-/// back what the previous one had replaced (an upgrade's old data `Kept` again after
-/// it was removed, so that a rollback to it would be admitted). The spec stays the
-/// machine's, which its decisions (the primary, the instances to remove) were made on.
+/// them now ([`kube_ops::with_current_status`]): decided on the cache's, a pass could
+/// write back what the previous one had replaced (an upgrade's old data `Kept` again
+/// after it was removed, so that a rollback to it would be admitted). The spec stays
+/// the machine's, which its decisions (the primary, the instances to remove) were made
+/// on.
 async fn with_current_status(
     order: &ConvergeOrder,
     client: &Client,
 ) -> Result<ConvergeOrder, Error> {
     let cluster = order.cluster.as_ref();
-    let current = clusters(client, cluster)
-        .get_status(&cluster.name_any())
+    let merged = kube_ops::with_current_status(&clusters(client, cluster), cluster)
         .await
         .map_err(kube_error("reading status", cluster))?;
-    let mut merged = cluster.clone();
-    merged.status = current.status;
-    merged.metadata.resource_version = current.metadata.resource_version;
     Ok(ConvergeOrder {
         cluster: Arc::new(merged),
         ..order.clone()
@@ -673,13 +667,7 @@ async fn write_status(
     cluster: &DatabaseCluster,
     status: &impl Serialize,
 ) -> Result<(), Error> {
-    let name = cluster.name_any();
-    // `with_current_status` took it from the API server, which always sets one.
-    let object = match cluster.resource_version() {
-        Some(version) => status_object_at::<DatabaseCluster>(&name, &version, status),
-        None => status_object::<DatabaseCluster>(&name, status),
-    };
-    apply_status_object(&clusters(client, cluster), &name, MANAGER, object)
+    apply_status_onto(&clusters(client, cluster), cluster, MANAGER, status)
         .await
         .map_err(kube_error("writing status", cluster))?;
     Ok(())

@@ -31,7 +31,7 @@ use kube::runtime::watcher;
 use tracing::Instrument;
 
 use super::context::{Shared, object_reference};
-use crate::kube_ops::apply_status;
+use crate::kube_ops::{apply_status_onto, with_current_status};
 use machine::{BackupRecord, Observed, SCHEDULE_LABEL};
 
 /// Field manager of the schedule's status and of the Backups it creates.
@@ -120,6 +120,12 @@ async fn apply(schedule: &BackupSchedule, shared: &Shared, key: &str) -> Result<
     }
     let namespace = schedule.namespace().unwrap_or_default();
     let name = schedule.name_any();
+    // Decided on the status as it is now: the cache may not hold the last one written
+    // yet, and a status decided on an older one would move the schedule's record back.
+    let schedules: Api<BackupSchedule> = Api::namespaced(shared.client.clone(), &namespace);
+    let schedule = &with_current_status(&schedules, schedule)
+        .await
+        .map_err(kube_error("reading the status", key))?;
     let backups: Api<Backup> = Api::namespaced(shared.client.clone(), &namespace);
     let listed = backups
         .list(&ListParams::default().labels(&format!("{SCHEDULE_LABEL}={name}")))
@@ -211,8 +217,9 @@ async fn apply(schedule: &BackupSchedule, shared: &Shared, key: &str) -> Result<
     }
 
     if schedule.status.as_ref() != Some(&decision.status) {
-        let schedules: Api<BackupSchedule> = Api::namespaced(shared.client.clone(), &namespace);
-        apply_status(&schedules, &name, MANAGER, &decision.status)
+        // Onto the version decided on: anything written since makes it a 409 and
+        // another pass.
+        apply_status_onto(&schedules, schedule, MANAGER, &decision.status)
             .await
             .map_err(kube_error("writing the status", key))?;
     }
