@@ -1,6 +1,9 @@
 //! The operator's side of the instance manager's HTTP API (`castellan instance`):
 //! status reads and commands, over HTTP/1.1 (hyper) with mutual TLS to the pod's
-//! address. One request per connection, JSON bodies, a deadline on everything.
+//! address. JSON bodies, a deadline on everything. A command gets a connection of its
+//! own; the reads and lease renewals each replica actor makes every second go over a
+//! kept connection ([`call_kept`]), since a new one per call (TCP, and a TLS handshake,
+//! resumed or not) was most of an idle operator's CPU (docs/benchmarks.md).
 //!
 //! An address names the server as well as where it is: `<server-name>@<ip>:<port>`
 //! ([`address`]). The pod is dialled at the IP, and its certificate must be valid for
@@ -12,11 +15,12 @@
 //! callers only say what to call.
 
 use std::io;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use serde_json::Value;
@@ -127,42 +131,155 @@ fn target(address: &str) -> io::Result<(ServerName<'static>, &str)> {
     Ok((name, socket))
 }
 
+/// Connects to the instance at `address` and verifies it is the one the address names.
+async fn connect(
+    tls: Arc<rustls::ClientConfig>,
+    address: &str,
+) -> io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>> {
+    let (name, socket) = target(address)?;
+    let stream = TcpStream::connect(socket).await?;
+    let stream = TlsConnector::from(tls).connect(name, stream).await?;
+    Ok(TokioIo::new(stream))
+}
+
+fn unconfigured() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "the operator's TLS configuration for the instance API is not set",
+    )
+}
+
+/// Sends `request` and reads the whole answer.
+async fn send(
+    sender: &mut SendRequest<Full<Bytes>>,
+    request: hyper::Request<Full<Bytes>>,
+) -> io::Result<(hyper::StatusCode, Bytes)> {
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(io::Error::other)?;
+    let status = response.status();
+    let body = Limited::new(response.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(io::Error::other)?
+        .to_bytes();
+    Ok((status, body))
+}
+
 /// Connects, verifies the instance, sends one request and reads the answer.
 async fn exchange(
     tls: Option<Arc<rustls::ClientConfig>>,
     address: &str,
     request: hyper::Request<Full<Bytes>>,
 ) -> io::Result<(hyper::StatusCode, Bytes)> {
-    let tls = tls.ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotConnected,
-            "the operator's TLS configuration for the instance API is not set",
-        )
-    })?;
-    let (name, socket) = target(address)?;
-    let stream = TcpStream::connect(socket).await?;
-    let stream = TlsConnector::from(tls).connect(name, stream).await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let stream = connect(tls.ok_or_else(unconfigured)?, address).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(stream)
         .await
         .map_err(io::Error::other)?;
-    let exchanged = async move {
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(io::Error::other)?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(io::Error::other)?
-            .to_bytes();
-        // Dropping the sender lets the connection close once the answer is read.
-        Ok::<_, io::Error>((status, body))
-    };
+    // Dropping the sender lets the connection close once the answer is read.
+    let exchanged = async move { send(&mut sender, request).await };
     // The connection is driven here rather than spawned, so the caller's deadline
     // ends it too.
     let (exchanged, _closed) = tokio::join!(exchanged, connection);
     exchanged
+}
+
+/// A kept connection is used for new requests this long after it was opened, then
+/// closed: a renewed certificate or a changed trust on either side takes effect within
+/// it, and each instance sees one handshake a minute instead of two a second.
+const KEPT_FOR: Duration = Duration::from_secs(60);
+/// At most this many idle connections are kept (one or two per instance: far more
+/// than a node's clusters have).
+const KEPT_AT_MOST: usize = 512;
+
+/// An open connection between two requests.
+struct Idle {
+    sender: SendRequest<Full<Bytes>>,
+    /// The configuration it was verified with: after a CA rotation's `configure`, the
+    /// connections of the old one are not used again.
+    tls: Arc<rustls::ClientConfig>,
+    opened: Instant,
+}
+
+impl Idle {
+    fn usable(&self, tls: &Arc<rustls::ClientConfig>) -> bool {
+        Arc::ptr_eq(&self.tls, tls) && self.opened.elapsed() < KEPT_FOR && !self.sender.is_closed()
+    }
+}
+
+/// The idle kept connections, by address.
+static KEPT: Mutex<Vec<(String, Idle)>> = Mutex::new(Vec::new());
+
+fn kept() -> std::sync::MutexGuard<'static, Vec<(String, Idle)>> {
+    match KEPT.lock() {
+        Ok(kept) => kept,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// An idle connection to `address` made with `tls`, if one is kept; those past their
+/// time, closed, or of another configuration are dropped on the way.
+fn take(address: &str, tls: &Arc<rustls::ClientConfig>) -> Option<Idle> {
+    let mut kept = kept();
+    kept.retain(|(_, idle)| idle.usable(tls));
+    let at = kept.iter().position(|(kept, _)| kept == address)?;
+    Some(kept.swap_remove(at).1)
+}
+
+fn park(address: &str, idle: Idle) {
+    let mut kept = kept();
+    if idle.usable(&idle.tls) && kept.len() < KEPT_AT_MOST {
+        kept.push((address.to_owned(), idle));
+    }
+}
+
+/// A new kept connection. Its task ends when the connection is dropped (not parked),
+/// when the instance closes it, and in any case once no request can still be on it.
+async fn open(tls: &Arc<rustls::ClientConfig>, address: &str) -> io::Result<Idle> {
+    let stream = connect(tls.clone(), address).await?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(stream)
+        .await
+        .map_err(io::Error::other)?;
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(KEPT_FOR + TIMEOUT, connection).await;
+    });
+    Ok(Idle {
+        sender,
+        tls: tls.clone(),
+        opened: Instant::now(),
+    })
+}
+
+/// [`exchange`] over a kept connection when there is one, else a new one that is kept
+/// afterwards. A request that fails on a kept connection (the instance closed it, or
+/// restarted) is sent once more on a new one: only requests the instance may receive
+/// twice come here.
+async fn exchange_kept(
+    tls: Option<Arc<rustls::ClientConfig>>,
+    address: &str,
+    request: impl Fn() -> io::Result<hyper::Request<Full<Bytes>>>,
+) -> io::Result<(hyper::StatusCode, Bytes)> {
+    let tls = tls.ok_or_else(unconfigured)?;
+    if let Some(mut idle) = take(address, &tls) {
+        let sent = match idle.sender.ready().await {
+            Ok(()) => send(&mut idle.sender, request()?).await,
+            Err(error) => Err(io::Error::other(error)),
+        };
+        match sent {
+            Ok(answer) => {
+                park(address, idle);
+                return Ok(answer);
+            }
+            Err(error) => {
+                tracing::debug!(%address, %error, "a kept connection to the instance failed: sending again on a new one");
+            }
+        }
+    }
+    let mut idle = open(&tls, address).await?;
+    let answer = send(&mut idle.sender, request()?).await?;
+    park(address, idle);
+    Ok(answer)
 }
 
 /// Sends one request and returns the JSON body of a 2xx answer.
@@ -183,7 +300,16 @@ pub async fn call_within(
     body: Option<&Value>,
     timeout: Duration,
 ) -> Result<Value, InstanceApiError> {
-    request(configured(), method, address, path, body, timeout).await
+    request(
+        configured(),
+        method,
+        address,
+        path,
+        body,
+        timeout,
+        Reuse::Own,
+    )
+    .await
 }
 
 /// `GET path` with a TLS configuration of its own rather than the process' one: what
@@ -193,7 +319,37 @@ pub async fn get_as(
     address: &str,
     path: &str,
 ) -> Result<Value, InstanceApiError> {
-    request(Some(tls), "GET", address, path, None, TIMEOUT).await
+    request(Some(tls), "GET", address, path, None, TIMEOUT, Reuse::Own).await
+}
+
+/// [`call_within`] over a connection kept between calls, for requests the instance may
+/// receive twice with no harm (status reads, lease renewals), which are the ones made
+/// every second. The deadline is at most [`TIMEOUT`].
+pub async fn call_kept(
+    method: &'static str,
+    address: &str,
+    path: &str,
+    body: Option<&Value>,
+    timeout: Duration,
+) -> Result<Value, InstanceApiError> {
+    let timeout = timeout.min(TIMEOUT);
+    request(
+        configured(),
+        method,
+        address,
+        path,
+        body,
+        timeout,
+        Reuse::Kept,
+    )
+    .await
+}
+
+/// Whether a request gets a connection of its own or may use a kept one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reuse {
+    Own,
+    Kept,
 }
 
 async fn request(
@@ -203,6 +359,7 @@ async fn request(
     path: &str,
     body: Option<&Value>,
     timeout: Duration,
+    reuse: Reuse,
 ) -> Result<Value, InstanceApiError> {
     let io_error = |source| InstanceApiError::Io {
         method,
@@ -211,21 +368,30 @@ async fn request(
         source,
     };
     let span = tracing::info_span!("instance api call", %method, %path, %address);
-    let payload = body.map(Value::to_string).unwrap_or_default();
+    let payload = Bytes::from(body.map(Value::to_string).unwrap_or_default());
     let host = address.split_once('@').map_or(address, |(name, _)| name);
-    let mut request = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header(hyper::header::HOST, host)
-        .header(hyper::header::CONTENT_TYPE, "application/json");
     // The trace context goes along, so the instance manager's span joins this trace.
-    for (name, value) in span.in_scope(crate::telemetry::inject) {
-        request = request.header(name, value);
-    }
-    let request = request
-        .body(Full::new(Bytes::from(payload)))
-        .map_err(|e| io_error(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
-    let exchanged = tokio::time::timeout(timeout, exchange(tls, address, request)).instrument(span);
+    let context = span.in_scope(crate::telemetry::inject);
+    let build = || {
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, host)
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        for (name, value) in &context {
+            request = request.header(name, value);
+        }
+        request
+            .body(Full::new(payload.clone()))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    };
+    let exchanged = async {
+        match reuse {
+            Reuse::Own => exchange(tls, address, build()?).await,
+            Reuse::Kept => exchange_kept(tls, address, build).await,
+        }
+    };
+    let exchanged = tokio::time::timeout(timeout, exchanged).instrument(span);
     let (status, body) = match exchanged.await {
         Ok(Ok(answer)) => answer,
         Ok(Err(source)) => return Err(io_error(source)),
@@ -260,6 +426,7 @@ async fn request(
 mod tests {
     use super::*;
     use crate::pki::{Authority, server_name, tls};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::SystemTime;
 
     #[test]
@@ -275,12 +442,19 @@ mod tests {
         assert!(target("10.0.0.7:8000").is_err(), "no name, no call");
     }
 
-    /// A one-route HTTPS server with the instance manager's TLS configuration.
-    async fn serve(config: rustls::ServerConfig) -> std::net::SocketAddr {
+    /// A one-route HTTPS server with the instance manager's TLS configuration, and the
+    /// count of connections it accepted. `keep_alive: false` closes each connection
+    /// after its first answer.
+    async fn serve(
+        config: rustls::ServerConfig,
+        keep_alive: bool,
+    ) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("listening");
         let bound = listener.local_addr().expect("address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let app = axum::Router::new().route(
             "/status",
@@ -295,12 +469,14 @@ mod tests {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                counted.fetch_add(1, Ordering::SeqCst);
                 let (acceptor, app) = (acceptor.clone(), app.clone());
                 tokio::spawn(async move {
                     let Ok(stream) = acceptor.accept(stream).await else {
                         return;
                     };
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(keep_alive)
                         .serve_connection(
                             TokioIo::new(stream),
                             hyper_util::service::TowerToHyperService::new(app),
@@ -309,7 +485,7 @@ mod tests {
                 });
             }
         });
-        bound
+        (bound, accepted)
     }
 
     #[tokio::test]
@@ -329,7 +505,7 @@ mod tests {
         )
         .expect("server config");
         let _ = std::fs::remove_dir_all(&dir);
-        let bound = serve(config).await;
+        let (bound, accepted) = serve(config.clone(), true).await;
         let ip = bound.ip().to_string();
         let port = i32::from(bound.port());
 
@@ -339,7 +515,8 @@ mod tests {
             "{unconfigured:?}"
         );
         configure(
-            tls::operator_client_config(&crate::pki::Trust::single(ca)).expect("client config"),
+            tls::operator_client_config(&crate::pki::Trust::single(ca.clone()))
+                .expect("client config"),
         );
 
         let right = address(&server_name("orders", "shop"), &ip, port);
@@ -359,5 +536,57 @@ mod tests {
             matches!(missing, Err(InstanceApiError::Status { status: 404, .. })),
             "{missing:?}"
         );
+        let own = accepted.load(Ordering::SeqCst);
+        assert_eq!(
+            own, 3,
+            "every call above that connected had a connection of its own"
+        );
+
+        // Kept: three calls, one connection, answers and errors alike.
+        for _ in 0..2 {
+            let answer = call_kept("GET", &right, "/status", None, TIMEOUT)
+                .await
+                .expect("a kept call");
+            assert_eq!(answer["host"], "orders.shop.instance.castellan.io");
+        }
+        let missing = call_kept("GET", &right, "/nothing", None, TIMEOUT).await;
+        assert!(
+            matches!(missing, Err(InstanceApiError::Status { status: 404, .. })),
+            "{missing:?}"
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            own + 1,
+            "one kept connection"
+        );
+        let refused = call_kept("GET", &wrong, "/status", None, TIMEOUT).await;
+        assert!(
+            matches!(&refused, Err(InstanceApiError::Io { .. })),
+            "a kept connection is to the server the address names: {refused:?}"
+        );
+
+        // An instance that closes each connection after its answer (or restarted):
+        // every call still gets through, on a new connection.
+        let (closing, closes) = serve(config, false).await;
+        let closing = address(
+            &server_name("orders", "shop"),
+            &closing.ip().to_string(),
+            i32::from(closing.port()),
+        );
+        for _ in 0..3 {
+            call_kept("GET", &closing, "/status", None, TIMEOUT)
+                .await
+                .expect("a call to an instance that closes its connections");
+        }
+        assert_eq!(closes.load(Ordering::SeqCst), 3);
+
+        // A CA rotation's new configuration: no connection of the old one is used.
+        configure(
+            tls::operator_client_config(&crate::pki::Trust::single(ca)).expect("client config"),
+        );
+        call_kept("GET", &right, "/status", None, TIMEOUT)
+            .await
+            .expect("a kept call after the configuration changed");
+        assert_eq!(accepted.load(Ordering::SeqCst), own + 3, "a new connection");
     }
 }

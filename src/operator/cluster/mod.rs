@@ -38,6 +38,7 @@ mod volumes;
 pub use actions::{
     RELOAD_ANNOTATION, RELOADED_ANNOTATION, RESTART_ANNOTATION, RESTARTED_ANNOTATION,
 };
+pub use failover::LEASE_DURATION;
 pub use machine::ClusterMachine;
 pub use state::*;
 pub use switchover::SWITCHOVER_ANNOTATION;

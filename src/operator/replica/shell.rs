@@ -26,6 +26,10 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(90);
 /// answer within two is not serving, and waiting longer would only delay a failover.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a lease grant may take to arrive: past its own length it grants nothing
+/// (the instance refuses a grant that has ended).
+const LEASE_TIMEOUT: Duration = crate::operator::cluster::LEASE_DURATION;
+
 /// Executes a `ReplicaActor`'s effects.
 #[derive(Clone)]
 pub struct ReplicaEffects {
@@ -60,7 +64,7 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                         // Dated from when it was asked: a view is true at least then, and a
                         // lease granted from it ends no later than the operator counts.
                         let asked = SystemTime::now();
-                        let outcome = instance_client::call_within(
+                        let outcome = instance_client::call_kept(
                             "GET",
                             &address,
                             "/status",
@@ -87,8 +91,14 @@ impl Effects<ReplicaMachine> for ReplicaEffects {
                 let instance = self.instance.clone();
                 self.shared.runtime.spawn(async move {
                     let body = json!(grant);
-                    if let Err(error) =
-                        instance_client::call("POST", &address, "/lease", Some(&body)).await
+                    if let Err(error) = instance_client::call_kept(
+                        "POST",
+                        &address,
+                        "/lease",
+                        Some(&body),
+                        LEASE_TIMEOUT,
+                    )
+                    .await
                     {
                         tracing::warn!(%instance, %error, "the lease grant did not arrive");
                     }
