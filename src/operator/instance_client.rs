@@ -238,7 +238,11 @@ fn park(address: &str, idle: Idle) {
 /// when the instance closes it, and in any case once no request can still be on it.
 async fn open(tls: &Arc<rustls::ClientConfig>, address: &str) -> io::Result<Idle> {
     let stream = connect(tls.clone(), address).await?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(stream)
+    // Answers are a few KiB: a 4 KiB read buffer instead of hyper's 8 KiB keeps 4 KiB
+    // less per instance for as long as the connection is kept.
+    let (sender, connection) = hyper::client::conn::http1::Builder::new()
+        .read_buf_exact_size(Some(4096))
+        .handshake(stream)
         .await
         .map_err(io::Error::other)?;
     tokio::spawn(async move {
