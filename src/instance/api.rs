@@ -95,7 +95,7 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, shared
                 }
             };
             let service = hyper_util::service::TowerToHyperService::new(app);
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
+            if let Err(error) = http(IDLE_LIMIT)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await
             {
@@ -103,6 +103,21 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, shared
             }
         });
     }
+}
+
+/// A connection that sends no request for this long is closed. The operator keeps one
+/// connection per instance and reads the status over it every second (closing it
+/// itself within a minute); one whose operator vanished without closing it (a
+/// partition, a node lost) would otherwise stay open here for good.
+const IDLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// The HTTP/1.1 server of one connection: keep-alive, closed after `idle` without a
+/// request (hyper's header read timeout runs from when it waits for the next request).
+fn http(idle: Duration) -> hyper::server::conn::http1::Builder {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(idle);
+    http
 }
 
 /// Serves the kubelet's probes in plain HTTP: `/healthz`, and `/readyz` with only the
@@ -388,6 +403,44 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_connection_is_kept_between_requests_and_closed_when_idle() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("listening");
+        let bound = listener.local_addr().expect("address");
+        let idle = Duration::from_millis(300);
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accepted");
+            let app = Router::new().route("/status", get(|| async { "ok" }));
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let _ = http(idle)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+        let mut stream = tokio::net::TcpStream::connect(bound)
+            .await
+            .expect("connected");
+        let request = b"GET /status HTTP/1.1\r\nhost: x\r\n\r\n";
+        let mut answer = [0u8; 512];
+        // Requests closer together than the limit keep the connection.
+        for _ in 0..3 {
+            stream.write_all(request).await.expect("request");
+            let read = stream.read(&mut answer).await.expect("answer");
+            assert!(
+                answer[..read].starts_with(b"HTTP/1.1 200"),
+                "{:?}",
+                String::from_utf8_lossy(&answer[..read])
+            );
+            tokio::time::sleep(idle / 2).await;
+        }
+        // Then nothing: the server closes it.
+        let closed = tokio::time::timeout(idle * 4, stream.read(&mut answer)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "the idle connection is closed: {closed:?}"
+        );
+    }
 
     #[test]
     fn owned_malformed_and_breaking_parameters_are_refused() {
