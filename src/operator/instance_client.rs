@@ -203,8 +203,9 @@ struct Idle {
 }
 
 impl Idle {
-    fn usable(&self, tls: &Arc<rustls::ClientConfig>) -> bool {
-        Arc::ptr_eq(&self.tls, tls) && self.opened.elapsed() < KEPT_FOR && !self.sender.is_closed()
+    /// Within its time and not closed by the instance.
+    fn alive(&self) -> bool {
+        self.opened.elapsed() < KEPT_FOR && !self.sender.is_closed()
     }
 }
 
@@ -222,14 +223,14 @@ fn kept() -> std::sync::MutexGuard<'static, Vec<(String, Idle)>> {
 /// time, closed, or of another configuration are dropped on the way.
 fn take(address: &str, tls: &Arc<rustls::ClientConfig>) -> Option<Idle> {
     let mut kept = kept();
-    kept.retain(|(_, idle)| idle.usable(tls));
+    kept.retain(|(_, idle)| Arc::ptr_eq(&idle.tls, tls) && idle.alive());
     let at = kept.iter().position(|(kept, _)| kept == address)?;
     Some(kept.swap_remove(at).1)
 }
 
 fn park(address: &str, idle: Idle) {
     let mut kept = kept();
-    if idle.usable(&idle.tls) && kept.len() < KEPT_AT_MOST {
+    if idle.alive() && kept.len() < KEPT_AT_MOST {
         kept.push((address.to_owned(), idle));
     }
 }
