@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
 
+use super::manifests::operator_kubeconfig;
 use super::postgres::{connect, postgres_ids};
-use super::{kubeconfig_path, kubectl, kubectl_ok};
+use super::{kubectl, kubectl_ok};
 
 pub fn http_get(address: &str, path: &str) -> (u16, String) {
     let out = Command::new("curl")
@@ -24,7 +25,8 @@ pub fn http_get(address: &str, path: &str) -> (u16, String) {
 }
 
 /// The operator as a host process managing one namespace (its Lease lives there too),
-/// stopped when dropped.
+/// acting as the shipped operator's service account with its rights
+/// ([`operator_kubeconfig`]), stopped when dropped.
 pub struct Operator {
     child: Child,
     pub address: &'static str,
@@ -74,7 +76,7 @@ impl Operator {
             .args(["--metrics-address", address, "--identity", address])
             .args(["--namespace", namespace, "--watch-namespace", namespace])
             .args(extra)
-            .env("KUBECONFIG", kubeconfig_path())
+            .env("KUBECONFIG", operator_kubeconfig(namespace))
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdout(log.try_clone().expect("log"))
