@@ -2,7 +2,7 @@
 //! symlink of that name, as `make up` installs it) against a 2-instance cluster that
 //! archives to the local S3 server, one cluster for every step: `status` as a table
 //! within 80 columns without colour codes off a terminal and as JSON (also through
-//! kubectl's plugin discovery), `logs` and `psql`, fence/unfence and switchover
+//! kubectl's plugin discovery), `logs` (also to a reader that leaves after a line) and `psql`, fence/unfence and switchover
 //! changing the annotations with the cluster following, `reload` and `restart` done
 //! once on every instance (the configuration's load time and the postmaster's start
 //! time move) and recorded as handled, `backup` to completion off a terminal and, in a
@@ -12,7 +12,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -234,6 +234,44 @@ async fn kubectl_castellan_reads_and_drives_a_cluster() {
     for pod in [&primary, &replica] {
         assert!(lines.contains(&format!("[{pod}] ")), "{pod} in\n{lines}");
     }
+    // Read by something that stops after a line (`| head -1`): the plugin ends quietly,
+    // as command-line tools do, and does not panic on the closed pipe.
+    let mut follow = Command::new(plugin.program())
+        .args(["-n", &plugin.namespace, "logs", CLUSTER, "--follow"])
+        .env("KUBECONFIG", kubeconfig_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running kubectl-castellan logs --follow");
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(follow.stdout.take().expect("stdout")),
+        &mut first,
+    )
+    .expect("the first line of the logs");
+    assert!(first.starts_with('['), "{first}");
+    // The reader is gone now: the next line it writes (PostgreSQL logs the failing
+    // statement) ends the plugin.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ended = loop {
+        let _ = plugin.run(&["psql", CLUSTER, "--", "-tAc", "select 1/0"]);
+        match follow.try_wait().expect("waiting for the plugin") {
+            Some(status) => break Some(status),
+            None if Instant::now() > deadline => {
+                let _ = follow.kill();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_secs(1)),
+        }
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut follow.stderr.take().expect("stderr"), &mut stderr)
+        .expect("its stderr");
+    assert!(
+        ended.is_some_and(|status| status.success()),
+        "logs --follow after its reader left: {ended:?}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 
     // psql: the application user through the -rw Service, over verified TLS.
     let answer = plugin.ok(&[

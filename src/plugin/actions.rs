@@ -71,13 +71,13 @@ pub async fn switchover(target: &Target, name: &str, instance: &str) -> anyhow::
         .as_ref()
         .and_then(|s| s.current_primary.as_deref());
     if primary == Some(instance) {
-        println!("{instance} is already the primary of {name}");
+        super::out_line(format_args!("{instance} is already the primary of {name}"))?;
         return Ok(());
     }
     annotate(&clusters, &cluster, SWITCHOVER_ANNOTATION, Some(instance)).await?;
-    println!(
+    super::out_line(format_args!(
         "switchover of {name} to {instance} requested ({SWITCHOVER_ANNOTATION}); the operator removes the annotation when done, with an Event SwitchedOver or SwitchoverRefused"
-    );
+    ))?;
     Ok(())
 }
 
@@ -135,18 +135,18 @@ pub async fn fence(target: &Target, name: &str, instance: &str, fence: bool) -> 
         .map(String::as_str);
     let wanted = fenced_after(current, &members, instance, fence)?;
     if wanted.as_deref() == current {
-        println!(
+        super::out_line(format_args!(
             "nothing to change: {FENCED_ANNOTATION} is {}",
             current.unwrap_or("unset")
-        );
+        ))?;
         return Ok(());
     }
     annotate(&clusters, &cluster, FENCED_ANNOTATION, wanted.as_deref()).await?;
-    println!(
+    super::out_line(format_args!(
         "{} {instance} of {name}: {FENCED_ANNOTATION} is now {}",
         if fence { "fencing" } else { "unfencing" },
         wanted.as_deref().unwrap_or("unset")
-    );
+    ))?;
     Ok(())
 }
 
@@ -162,9 +162,9 @@ pub async fn declare(target: &Target, name: &str, annotation: &str) -> anyhow::R
     } else {
         RESTARTED_ANNOTATION
     };
-    println!(
+    super::out_line(format_args!(
         "{annotation}={value} set on {name}: done when {handled} shows the same value (Events RollingRestart/Reloaded per instance, then RestartCompleted/ReloadCompleted)"
-    );
+    ))?;
     Ok(())
 }
 

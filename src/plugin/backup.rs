@@ -175,7 +175,7 @@ pub async fn run(target: &Target, args: BackupArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("creating a Backup of {}/{}", target.namespace, args.cluster))?;
     let name = created.name_any();
-    println!("backup.castellan.io/{name} created");
+    super::out_line(format_args!("backup.castellan.io/{name} created"))?;
     if args.no_wait {
         return Ok(());
     }
@@ -194,12 +194,12 @@ pub async fn run(target: &Target, args: BackupArgs) -> anyhow::Result<()> {
         display.show(&name, &progress);
         match progress {
             Progress::Completed { size, location } => {
-                println!(
+                super::out_line(format_args!(
                     "backup {name} of {} completed{}{}",
                     args.cluster,
                     size.map(|s| format!(": {s}")).unwrap_or_default(),
                     location.map(|l| format!(" at {l}")).unwrap_or_default()
-                );
+                ))?;
                 return Ok(());
             }
             Progress::Failed(reason) => bail!("backup {name} failed: {reason}"),

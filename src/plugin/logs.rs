@@ -112,13 +112,13 @@ pub async fn run(target: &Target, args: LogsArgs) -> anyhow::Result<()> {
         // As lines arrive, from all of them.
         let mut all = futures::stream::select_all(streams);
         while let Some(line) = all.try_next().await? {
-            println!("{line}");
+            super::out_line(&line)?;
         }
     } else {
         // One instance after the other: each log reads in order.
         for mut stream in streams {
             while let Some(line) = stream.try_next().await? {
-                println!("{line}");
+                super::out_line(&line)?;
             }
         }
     }

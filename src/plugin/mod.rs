@@ -16,6 +16,7 @@ mod report;
 mod status;
 mod table;
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -102,20 +103,33 @@ pub fn print_structured(output: Output, value: &impl Serialize) -> anyhow::Resul
     match output {
         Output::Table => Ok(false),
         Output::Json => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(value).context("writing JSON")?
-            );
+            let json = serde_json::to_string_pretty(value).context("writing JSON")?;
+            write_out(&format!("{json}\n"))?;
             Ok(true)
         }
         Output::Yaml => {
-            print!(
-                "{}",
-                serde_yaml_ng::to_string(value).context("writing YAML")?
-            );
+            write_out(&serde_yaml_ng::to_string(value).context("writing YAML")?)?;
             Ok(true)
         }
     }
+}
+
+/// Writes `text` to standard output. A reader that went away (`| head`) ends the
+/// command quietly, as it ends other command-line tools: `println!` would panic.
+pub fn write_out(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        other => other.context("writing to standard output"),
+    }
+}
+
+/// [`write_out`] of `text` and a line break.
+pub fn out_line(text: impl std::fmt::Display) -> anyhow::Result<()> {
+    write_out(&format!("{text}\n"))
 }
 
 /// The API client and the namespace the command works in.

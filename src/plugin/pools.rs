@@ -198,7 +198,7 @@ pub async fn run(target: &Target, output: Output) -> anyhow::Result<()> {
         .context("listing BlockDevices")?;
     let summary = summarise(&pools.items, &devices.items);
     if !print_structured(output, &summary)? {
-        print!("{}", render(&summary, table::width()));
+        super::write_out(&render(&summary, table::width()))?;
     }
     Ok(())
 }

@@ -176,11 +176,11 @@ pub async fn run(target: &Target, args: ReportArgs) -> anyhow::Result<()> {
         ))
     });
     write_bundle(&output, &format!("{name}-report"), &files)?;
-    println!(
+    super::out_line(format_args!(
         "wrote {} ({} files; Secrets by name only)",
         output.display(),
         files.len()
-    );
+    ))?;
     Ok(())
 }
 

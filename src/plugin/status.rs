@@ -294,7 +294,7 @@ pub async fn run(target: &Target, name: &str, output: Output) -> anyhow::Result<
         .with_context(|| format!("listing the Backups of {}", target.namespace))?;
     let summary = summarise(&cluster, &backups.items);
     if !print_structured(output, &summary)? {
-        print!("{}", render(&summary, table::width()));
+        super::write_out(&render(&summary, table::width()))?;
     }
     Ok(())
 }
