@@ -494,7 +494,7 @@ impl Instance {
     /// `wal-restore`, which hand the work to this manager (`archive`).
     fn wal_commands(&self) -> (String, String) {
         let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("castellan"));
-        let exe = shell_quote(&exe.to_string_lossy());
+        let exe = shell_quote(runnable_path(&exe.to_string_lossy()));
         let socket = shell_quote(&self.socket_dir.join(archive::SOCKET).to_string_lossy());
         (
             format!("{exe} wal-archive --socket {socket} %p"),
@@ -1528,6 +1528,14 @@ impl Supervisor {
     }
 }
 
+/// The path of this executable as a command PostgreSQL can run. Linux names an
+/// executable replaced on disk after it started `PATH (deleted)`; the file now at PATH
+/// (a rebuilt development binary: images never change under a running container) is
+/// the one to run, and the name with the suffix runs nothing.
+fn runnable_path(exe: &str) -> &str {
+    exe.strip_suffix(" (deleted)").unwrap_or(exe)
+}
+
 /// Quotes a word for the shell PostgreSQL runs `archive_command` with.
 fn shell_quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', "'\\''"))
@@ -1995,6 +2003,15 @@ async fn heartbeat(shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replaced_executable_is_run_by_its_path() {
+        assert_eq!(
+            runnable_path("/usr/bin/castellan (deleted)"),
+            "/usr/bin/castellan"
+        );
+        assert_eq!(runnable_path("/usr/bin/castellan"), "/usr/bin/castellan");
+    }
 
     #[test]
     fn a_wal_receiver_connecting_past_the_limit_is_restarted_once() {
