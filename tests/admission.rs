@@ -43,7 +43,7 @@ impl Kind {
                 "replication": { "mode": "sync", "syncReplicas": 1 },
                 "bootstrap": { "initdb": { "database": "app", "owner": "app" } },
                 "parameters": { "work_mem": "8MB", "auto_explain.log_min_duration": "1s",
-                                "search_path": "\"$user\", public" },
+                                "search_path": "\"$user\", public", "archive_timeout": "60s" },
                 "backup": {
                     "endpoint": "https://s3.example.com", "bucket": "backups",
                     "credentials": { "secretName": "s3" },
@@ -249,6 +249,12 @@ fn cases() -> Vec<Case> {
             DatabaseCluster,
             Create(json!({"parameters": {"search_path": "public'\nwork_mem = '1"}})),
             "spec.parameters[search_path]: Invalid value: \"public'\\nwork_mem = '1\": parameter values cannot hold line breaks or NUL characters",
+        ),
+        case(
+            "archive_library (archive_timeout is the one archive_ setting a user may set)",
+            DatabaseCluster,
+            Create(json!({"parameters": {"archive_library": "evil", "archive_timeout": "60s"}})),
+            "parameters cannot set what Castellan manages",
         ),
         case(
             "recovery_end_command",

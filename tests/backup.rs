@@ -102,6 +102,23 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
     // Archiving begins here: the replica's last restartpoint, at the checkpoint the
     // cluster was made with, is older than the ~10 segments of filler, never archived.
     s3::switch_archiving_on(&ns, CLUSTER, 2, "retention: {keepLast: 1}", diagnostics);
+    // With nothing written since: the primary closed its segment when the object store
+    // was put in force, so archiving is tried at once, not after the next 16 MiB of WAL
+    // or archive_timeout.
+    wait_for(
+        "a segment archived without a write, once archiving is switched on",
+        Duration::from_secs(60),
+        || {
+            jsonpath(
+                "dbc",
+                CLUSTER,
+                &ns,
+                "{.status.conditions[?(@.type==\"ContinuousArchiving\")].message}",
+            )
+            .contains("archives WAL: last ")
+        },
+        diagnostics,
+    );
 
     // Writes go on during the backups.
     let stop = Arc::new(AtomicBool::new(false));

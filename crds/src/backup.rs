@@ -116,6 +116,10 @@ pub struct BackupStatus {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What a running backup waits for, while it waits: the WAL its copy needs to be
+    /// consistent, archived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
     /// When a verification of it finished (RFC 3339), with `spec.verify`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified_at: Option<String>,

@@ -83,6 +83,12 @@ pub const RESERVED_POSTGRESQL_PARAMETER_PREFIXES: [&str; 7] = [
     "wal_sender_",
 ];
 
+/// Settings under a reserved prefix that a user may set all the same: `archive_timeout`
+/// (how long a WAL segment with writes in it may stay open before it is closed and
+/// archived: the most a point-in-time recovery can miss on a quiet database; Castellan
+/// sets 5min when the user does not, as CloudNativePG does).
+pub const USER_SETTABLE_RESERVED_PREFIX_PARAMETERS: [&str; 1] = ["archive_timeout"];
+
 /// Roles a `DatabaseCluster` may not name as its application owner: the superuser and
 /// the role replicas stream with (Castellan's own), and PostgreSQL's reserved `pg_*`.
 pub const RESERVED_ROLES: [&str; 2] = ["postgres", "streaming_replica"];
@@ -110,9 +116,10 @@ fn owner_rule() -> Rule {
 pub fn is_reserved_parameter(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
     RESERVED_POSTGRESQL_PARAMETERS.contains(&name.as_str())
-        || RESERVED_POSTGRESQL_PARAMETER_PREFIXES
+        || (RESERVED_POSTGRESQL_PARAMETER_PREFIXES
             .iter()
             .any(|prefix| name.starts_with(prefix))
+            && !USER_SETTABLE_RESERVED_PREFIX_PARAMETERS.contains(&name.as_str()))
 }
 
 /// What a PostgreSQL setting name must look like: an identifier, or for an
@@ -152,9 +159,10 @@ pub fn parameter_problem(name: &str, value: &str) -> Option<String> {
 fn parameter_rules() -> [Rule; 2] {
     let name_ok = format!("k.matches('{PARAMETER_NAME_PATTERN}')");
     let owned = format!(
-        "(k.lowerAscii() in [{}] || [{}].exists(p, k.lowerAscii().startsWith(p)))",
+        "(k.lowerAscii() in [{}] || ([{}].exists(p, k.lowerAscii().startsWith(p)) && !(k.lowerAscii() in [{}])))",
         cel_list(&RESERVED_POSTGRESQL_PARAMETERS),
-        cel_list(&RESERVED_POSTGRESQL_PARAMETER_PREFIXES)
+        cel_list(&RESERVED_POSTGRESQL_PARAMETER_PREFIXES),
+        cel_list(&USER_SETTABLE_RESERVED_PREFIX_PARAMETERS)
     );
     [
         Rule::new(format!("self.all(k, {name_ok})")).message(
@@ -162,9 +170,10 @@ fn parameter_rules() -> [Rule; 2] {
         ),
         Rule::new(format!("self.all(k, !{owned})"))
             .message(Message::Message(format!(
-                "parameters cannot set what Castellan manages: {}, and every name starting with {}",
+                "parameters cannot set what Castellan manages: {}, and every name starting with {} (except {})",
                 RESERVED_POSTGRESQL_PARAMETERS.join(", "),
-                RESERVED_POSTGRESQL_PARAMETER_PREFIXES.join(", ")
+                RESERVED_POSTGRESQL_PARAMETER_PREFIXES.join(", "),
+                USER_SETTABLE_RESERVED_PREFIX_PARAMETERS.join(", ")
             )))
             .reason(Reason::FieldValueForbidden),
     ]
@@ -862,6 +871,8 @@ mod tests {
             "ssl_min_protocol_version",
             "wal_buffers",
             "log_statement",
+            "archive_timeout",
+            "Archive_Timeout",
         ] {
             assert!(!is_reserved_parameter(free), "{free}");
         }

@@ -378,13 +378,19 @@ async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadReques
             Json(json!({"error": format!("refused to reload: {}", refused.join("; "))})),
         );
     }
-    if let Some(config) = &body.archive
-        && let Err(error) = shared.archive.apply(config)
-    {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"error": format!("refused the archive setting: {error}")})),
-        );
+    if let Some(config) = &body.archive {
+        match shared.archive.apply(config) {
+            Ok(true) => {
+                tokio::spawn(try_new_archive(shared.clone(), config.fingerprint.clone()));
+            }
+            Ok(false) => {}
+            Err(error) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Json(json!({"error": format!("refused the archive setting: {error}")})),
+                );
+            }
+        }
     }
     submit(
         &shared,
@@ -396,6 +402,37 @@ async fn reload(State(shared): State<Arc<Shared>>, Json(body): Json<ReloadReques
         },
     )
     .await
+}
+
+/// How long a new archive setting waits for this instance to run as the primary
+/// before it stops waiting to close a segment (a replica never does).
+const NEW_ARCHIVE_WAIT: Duration = Duration::from_secs(120);
+
+/// A new object store was put in force: once this instance runs as the primary, close
+/// the current WAL segment (`pg_switch_wal`), so that archiving is tried at once and
+/// `ContinuousArchiving` says within seconds whether the bucket, its keys and the path
+/// to it work, instead of after the next 16 MiB of writes or `archive_timeout`. Only
+/// while nothing was archived under that setting; PostgreSQL makes no segment when
+/// nothing was written since the last one closed.
+async fn try_new_archive(shared: Arc<Shared>, fingerprint: String) {
+    let mut published = shared.published.clone();
+    let primary = tokio::time::timeout(
+        NEW_ARCHIVE_WAIT,
+        published.wait_for(|p| p.role == Some(RunningRole::Primary)),
+    )
+    .await
+    .is_ok_and(|seen| seen.is_ok());
+    if !primary || !shared.archive.untried(&fingerprint) {
+        return;
+    }
+    match database::switch_wal(&shared.pool).await {
+        Ok(lsn) => {
+            tracing::info!(%lsn, "closed the WAL segment so that the new archive setting is tried at once");
+        }
+        Err(error) => {
+            tracing::warn!(%error, "closing the WAL segment for the new archive setting");
+        }
+    }
 }
 
 #[cfg(test)]

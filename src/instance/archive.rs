@@ -252,10 +252,11 @@ impl Archive {
     }
 
     /// Puts the operator's setting in force (no reload of the server: the next file
-    /// reads it). A changed setting starts a fresh report.
-    pub fn apply(&self, config: &ArchiveConfig) -> Result<(), ArchiveError> {
+    /// reads it). A changed setting starts a fresh report. `true` when it names an
+    /// object store that was not in force before.
+    pub fn apply(&self, config: &ArchiveConfig) -> Result<bool, ArchiveError> {
         if self.setting().fingerprint().as_deref() == Some(config.fingerprint.as_str()) {
-            return Ok(());
+            return Ok(false);
         }
         let setting = match &config.target {
             None => Setting::Off,
@@ -268,7 +269,16 @@ impl Archive {
         if let Ok(mut report) = self.report.lock() {
             *report = ArchiveReport::default();
         }
-        Ok(())
+        Ok(config.target.is_some())
+    }
+
+    /// Whether the setting with `fingerprint` is still in force and has archived
+    /// nothing yet.
+    pub fn untried(&self, fingerprint: &str) -> bool {
+        let report = self.report();
+        report.fingerprint.as_deref() == Some(fingerprint)
+            && report.last_archived.is_none()
+            && report.last_failure.is_none()
     }
 
     /// What archiving did since the setting, with its fingerprint and the files

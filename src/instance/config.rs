@@ -139,6 +139,11 @@ pub fn render_castellan_conf(settings: &Settings<'_>) -> String {
     let mut conf = String::from(
         "# Written by castellan instance on every start and reload; edits are lost.\n",
     );
+    // Castellan's defaults of settings the user may change: the user's line below
+    // wins (PostgreSQL takes the last one). A segment with writes in it is closed and
+    // archived within 5 minutes, so a point-in-time recovery of a quiet database
+    // misses at most that (CloudNativePG's default).
+    let _ = writeln!(conf, "archive_timeout = '5min'");
     for (name, value) in settings.parameters {
         let _ = writeln!(conf, "{name} = {}", quote(value));
     }
@@ -360,6 +365,17 @@ mod tests {
             .find("wal_level = 'replica'")
             .expect("castellan value rendered");
         assert!(ours > user, "the last setting wins in postgresql.conf");
+    }
+
+    #[test]
+    fn archive_timeout_is_5min_unless_the_user_sets_it() {
+        let conf = render_castellan_conf(&settings(&Role::Primary, &BTreeMap::new()));
+        assert!(conf.contains("archive_timeout = '5min'\n"));
+        let parameters = BTreeMap::from([("archive_timeout".to_owned(), "60s".to_owned())]);
+        let conf = render_castellan_conf(&settings(&Role::Primary, &parameters));
+        let ours = conf.find("archive_timeout = '5min'").expect("the default");
+        let user = conf.find("archive_timeout = '60s'").expect("the user's");
+        assert!(user > ours, "the last setting wins in postgresql.conf");
     }
 
     #[test]

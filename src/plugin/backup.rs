@@ -73,8 +73,9 @@ pub fn progress(status: Option<&BackupStatus>) -> Progress {
             percent: status
                 .progress_percent
                 .and_then(|p| u64::try_from(p.clamp(0, 100)).ok()),
-            // A Pending backup says why it waits (no cluster yet, no object store).
-            note: status.error.clone(),
+            // A Pending backup says why it waits (no cluster yet, no object store), a
+            // Running one what it waits for (its WAL archived).
+            note: status.error.clone().or_else(|| status.waiting_for.clone()),
         },
     }
 }

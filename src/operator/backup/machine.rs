@@ -248,6 +248,12 @@ pub fn from_report(
         if let Some(ms) = report.consistent_ms {
             s.stopped_at = Some(rfc3339(ms));
         }
+        s.waiting_for = (report.phase == BackupPhase::WaitingForWal).then(|| {
+            format!(
+                "WAL up to {} to be archived (the DatabaseCluster's ContinuousArchiving condition says how archiving goes)",
+                report.end_wal.as_deref().unwrap_or("the end of the copy")
+            )
+        });
     })
 }
 
@@ -560,6 +566,24 @@ mod tests {
             NOW,
         );
         assert_eq!(second.act, Act::Nothing);
+        // It says what it waits for, until the report moves on.
+        let waiting = second
+            .status
+            .waiting_for
+            .clone()
+            .expect("what it waits for");
+        assert!(
+            waiting.contains("000000010000000000000003 to be archived"),
+            "{waiting}"
+        );
+        again.status = Some(second.status);
+        let done = poll(
+            &again,
+            &Observed::Report(Box::new(report(BackupPhase::Completed))),
+            None,
+            NOW,
+        );
+        assert_eq!(done.status.waiting_for, None);
         let mut primary = report(BackupPhase::WaitingForWal);
         primary.from_standby = false;
         assert_eq!(
