@@ -291,6 +291,12 @@ async fn kubectl_castellan_reads_and_drives_a_cluster() {
         "select pg_is_in_recovery()",
     ]);
     assert_eq!(answer.trim(), "t");
+    // A failing statement: psql's own error and exit status (1), nothing added.
+    let failed = plugin.run(&["psql", CLUSTER, "--", "-tAc", "select 1/0"]);
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(failed.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("division by zero"), "{stderr}");
+    assert!(!stderr.contains("Error:"), "{stderr}");
 
     // fence / unfence: the annotation, and the instance stops and runs again.
     plugin.ok(&["fence", CLUSTER, &replica]);

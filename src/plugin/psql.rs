@@ -113,7 +113,12 @@ pub async fn run(target: &Target, args: PsqlArgs) -> anyhow::Result<()> {
         .with_context(|| format!("running {}", args.psql.display()))?;
     drop(ca);
     if !status.success() {
-        bail!("{} exited with {status}", args.psql.display());
+        // psql said why; its exit status is the command's, as with `kubectl exec`
+        // (scripts tell a failed statement, 1, from a lost connection, 2, by it).
+        match status.code() {
+            Some(code) => std::process::exit(code),
+            None => bail!("{} ended by {status}", args.psql.display()),
+        }
     }
     Ok(())
 }
