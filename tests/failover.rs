@@ -176,10 +176,39 @@ impl Suite {
                     .into_iter()
                     .filter(|(pod, _)| *pod != primary && node_of(&self.ns, pod) == node_name)
                     .count();
+                // Standing in for the node agent of a Castellan pool (these volumes are
+                // plain local ones): the primary's volume reported healthy on its node.
+                kubectl_ok(&[
+                    "annotate",
+                    "pvc",
+                    &primary,
+                    "-n",
+                    &self.ns,
+                    "--overwrite",
+                    "castellan.io/pool-health=Healthy",
+                ]);
                 node("stop", &node_name);
                 if sharing == 0 {
                     // The node stays down until another instance took over.
                     self.wait_for_new_primary(&primary, Instant::now()).await;
+                    // What that node's agent said before is not taken for the health
+                    // now: the cluster says it is not known, and why.
+                    wait_for(
+                        "VolumesHealthy Unknown/NodeNotReady naming the lost node's volume",
+                        Duration::from_secs(60),
+                        || {
+                            let condition = jsonpath(
+                                "dbc",
+                                CLUSTER,
+                                &self.ns,
+                                "{.status.conditions[?(@.type==\"VolumesHealthy\")].reason}: \
+                                 {.status.conditions[?(@.type==\"VolumesHealthy\")].message}",
+                            );
+                            condition.starts_with("NodeNotReady: ")
+                                && condition.contains(&format!("{primary} (node {node_name})"))
+                        },
+                        || self.diagnostics(),
+                    );
                 } else {
                     // A standby of the quorum went down with it: no replica can be shown
                     // to hold every acknowledged commit, so the operator must wait and

@@ -323,7 +323,7 @@ pub async fn run(order: &ConvergeOrder, context: &Shared) -> Result<Converged, E
         target_available: target.is_ok(),
         upgrade_job,
         missing_storage_classes: missing_storage_classes(client, &applied_claims).await,
-        nodes: nodes_of(&context.nodes, existing.values()),
+        nodes: nodes_of(&context.nodes, existing.values(), &applied_claims),
         pods: existing,
         claims: applied_claims,
         server_certificate,
@@ -482,13 +482,16 @@ async fn enact_upgrade(
     Ok(())
 }
 
-/// What the nodes of `pods` are known to be, from the operator's reflector of Nodes.
+/// What the nodes of `pods` and of the `claims`' volumes are known to be, from the
+/// operator's reflector of Nodes.
 fn nodes_of<'a>(
     nodes: &Store<Node>,
     pods: impl IntoIterator<Item = &'a Pod>,
+    claims: &[PersistentVolumeClaim],
 ) -> BTreeMap<String, NodeHealth> {
     pods.into_iter()
         .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
+        .chain(super::volumes::claim_nodes(claims).map(str::to_owned))
         .filter_map(|node_name| {
             let node = nodes.get(&ObjectRef::new(&node_name))?;
             Some((node_name, NodeHealth::of(&node)))

@@ -79,6 +79,17 @@ pub struct Observed {
     pub now: Time,
 }
 
+impl Observed {
+    /// The known nodes whose `Ready` condition is not True.
+    pub fn down_nodes(&self) -> BTreeSet<String> {
+        self.nodes
+            .iter()
+            .filter(|(_, health)| !health.ready)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+}
+
 /// What a pass needs to know of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NodeHealth {
@@ -216,6 +227,8 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
     );
     let volumes_healthy = volumes::health_condition(
         &observed.claims,
+        &observed.pods.values().collect::<Vec<_>>(),
+        &observed.down_nodes(),
         previous
             .conditions
             .iter()
@@ -572,12 +585,14 @@ fn removals(order: &ConvergeOrder, observed: &Observed, primary: u32) -> Vec<Str
 
 /// Each pod's row in status, from its instance's latest view (its actor reads it): the
 /// role is what the instance manager reports, not what the pod's labels say; the
-/// volume's health is what its node's agent wrote on the instance's claims.
+/// volume's health is what its node's agent wrote on the instance's claims (`Unknown`
+/// while that node is not Ready).
 fn instances(order: &ConvergeOrder, observed: &Observed) -> Vec<InstanceStatus> {
     let primary_view = order
         .views
         .iter()
         .find(|v| v.role == Some(RunningRole::Primary) && v.reachable && v.running);
+    let down = observed.down_nodes();
     observed
         .pods
         .values()
@@ -599,7 +614,7 @@ fn instances(order: &ConvergeOrder, observed: &Observed) -> Vec<InstanceStatus> 
                 lsn: view.and_then(|v| v.lsn).map(|lsn| lsn.to_string()),
                 lag_seconds: view.and_then(|v| v.lag_seconds),
                 lag_bytes: primary_view.and_then(|p| standby_lag_bytes(p, &name)),
-                volume_health: volumes::instance_health(pod, &observed.claims),
+                volume_health: volumes::instance_health(pod, &observed.claims, &down),
                 name,
             }
         })

@@ -112,6 +112,37 @@ pub const POOL_DEGRADED: &str = "PoolDegraded";
 pub const POOL_FAILED: &str = "PoolFailed";
 /// No volume is on a Castellan pool (no agent reports on them).
 pub const NOT_REPORTED: &str = "NotReported";
+/// A volume's node is not Ready: its agent cannot report, and the health it last wrote
+/// is not taken for the health now.
+pub const NODE_NOT_READY: &str = "NodeNotReady";
+/// An instance's `volumeHealth` while its volume's node is not Ready.
+pub const UNKNOWN_HEALTH: &str = "Unknown";
+
+/// The annotation the scheduler puts on a claim of a `WaitForFirstConsumer` class: the
+/// node its volume is made on, and a local volume stays on.
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// The node `claim`'s volume is on: the scheduler's choice for a provisioned volume,
+/// else the node of a pod that mounts it (a volume made beforehand binds without that
+/// annotation).
+fn claim_node<'a>(claim: &'a PersistentVolumeClaim, pods: &[&'a Pod]) -> Option<&'a str> {
+    claim
+        .annotations()
+        .get(SELECTED_NODE)
+        .map(String::as_str)
+        .or_else(|| {
+            let name = claim.name_any();
+            pods.iter()
+                .filter(|pod| uses(pod, &name))
+                .find_map(|pod| pod.spec.as_ref()?.node_name.as_deref())
+        })
+}
+
+/// The nodes the claims' volumes are on, where the scheduler chose them (a reflector
+/// looks them up; the pods' own nodes are looked up beside them).
+pub fn claim_nodes(claims: &[PersistentVolumeClaim]) -> impl Iterator<Item = &str> {
+    claims.iter().filter_map(|claim| claim_node(claim, &[]))
+}
 
 /// How bad a pool health word is: `Failed` worst, then any other word but `Healthy`
 /// (`Degraded`, `Pending`, or one a newer agent writes: not known to be healthy, so
@@ -137,20 +168,36 @@ pub fn worst<'a>(healths: impl IntoIterator<Item = &'a str>) -> Option<&'a str> 
 /// agent reports on them (not on a Castellan pool, or not reported yet). Matched by
 /// what the pod mounts rather than by name, so that a second volume of the instance
 /// counts too.
-pub fn instance_health(pod: &Pod, claims: &[PersistentVolumeClaim]) -> Option<String> {
+/// A volume on a node in `down` (not Ready) counts as `Unknown` unless its agent last
+/// wrote something worse.
+pub fn instance_health(
+    pod: &Pod,
+    claims: &[PersistentVolumeClaim],
+    down: &BTreeSet<String>,
+) -> Option<String> {
     let healths = claims
         .iter()
         .filter(|claim| uses(pod, &claim.name_any()))
-        .filter_map(|claim| claim.annotations().get(POOL_HEALTH_ANNOTATION))
-        .map(String::as_str);
+        .filter_map(|claim| {
+            let health = claim.annotations().get(POOL_HEALTH_ANNOTATION)?;
+            Some(match claim_node(claim, &[pod]) {
+                Some(node) if down.contains(node) && health == HEALTHY => UNKNOWN_HEALTH,
+                _ => health.as_str(),
+            })
+        });
     worst(healths).map(str::to_owned)
 }
 
 /// The `VolumesHealthy` condition: what the node agents wrote on the instances'
 /// claims about the pools under them (`castellan.io/pool-health`, see
-/// `agent::health`). `previous` keeps its transition time while the status stays.
+/// `agent::health`). A volume on a node in `down` (not Ready: its agent cannot write)
+/// makes it `Unknown` rather than `True` on what that agent wrote before; a pool
+/// reported unhealthy still makes it `False`. `previous` keeps its transition time
+/// while the status stays.
 pub fn health_condition(
     claims: &[PersistentVolumeClaim],
+    pods: &[&Pod],
+    down: &BTreeSet<String>,
     previous: Option<&Condition>,
     generation: Option<i64>,
     now: Time,
@@ -170,11 +217,28 @@ pub fn health_condition(
         .iter()
         .filter(|(_, health, _)| *health != HEALTHY)
         .collect();
+    let unreachable: Vec<String> = claims
+        .iter()
+        .filter(|claim| claim.annotations().contains_key(POOL_HEALTH_ANNOTATION))
+        .filter_map(|claim| {
+            let node = claim_node(claim, pods).filter(|node| down.contains(*node))?;
+            Some(format!("{} (node {node})", claim.name_any()))
+        })
+        .collect();
     let (status, reason, message) = if reports.is_empty() {
         (
             "Unknown",
             NOT_REPORTED,
             "no volume of this cluster is on a Castellan StoragePool, so none reports its disks' health".to_string(),
+        )
+    } else if unhealthy.is_empty() && !unreachable.is_empty() {
+        (
+            "Unknown",
+            NODE_NOT_READY,
+            format!(
+                "the node under {} is not Ready: its agent cannot report, so the health of the pool there is not known now",
+                unreachable.join(", ")
+            ),
         )
     } else if unhealthy.is_empty() {
         (
@@ -792,11 +856,12 @@ mod tests {
 
     #[test]
     fn volumes_are_healthy_as_the_agents_say_their_pools_are() {
+        let none = BTreeSet::new();
         let healthy = [
             told("db-1", Some(("Healthy", ""))),
             told("db-2", Some(("Healthy", ""))),
         ];
-        let c = health_condition(&healthy, None, Some(4), at(100));
+        let c = health_condition(&healthy, &[], &none, None, Some(4), at(100));
         assert_eq!(
             (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
             ("VolumesHealthy", "True", POOL_HEALTHY)
@@ -810,7 +875,7 @@ mod tests {
                 Some(("Degraded", "1 disk reports I/O or checksum errors")),
             ),
         ];
-        let d = health_condition(&degraded, Some(&c), Some(4), at(200));
+        let d = health_condition(&degraded, &[], &none, Some(&c), Some(4), at(200));
         assert_eq!(
             (d.status.as_str(), d.reason.as_str(), d.message.as_str()),
             (
@@ -828,12 +893,12 @@ mod tests {
 
         let failed = [told("db-1", Some(("Failed", "mkfs failed")))];
         assert_eq!(
-            health_condition(&failed, Some(&d), Some(4), at(300)).reason,
+            health_condition(&failed, &[], &none, Some(&d), Some(4), at(300)).reason,
             POOL_FAILED
         );
 
         let elsewhere = [told("db-1", None)];
-        let u = health_condition(&elsewhere, None, Some(4), at(100));
+        let u = health_condition(&elsewhere, &[], &none, None, Some(4), at(100));
         assert_eq!(
             (u.status.as_str(), u.reason.as_str()),
             ("Unknown", NOT_REPORTED)
@@ -862,6 +927,7 @@ mod tests {
 
     #[test]
     fn an_instance_reports_the_worst_of_the_volumes_its_pod_mounts() {
+        let none = BTreeSet::new();
         let mut two_volumes = pod("db-1", None);
         if let Some(volumes) = two_volumes.spec.as_mut().and_then(|s| s.volumes.as_mut()) {
             volumes.push(
@@ -877,24 +943,108 @@ mod tests {
             told("db-2", Some(("Failed", "not this instance's"))),
         ];
         assert_eq!(
-            instance_health(&two_volumes, &claims).as_deref(),
+            instance_health(&two_volumes, &claims, &none).as_deref(),
             Some("Degraded")
         );
         assert_eq!(
-            instance_health(&pod("db-1", None), &claims).as_deref(),
+            instance_health(&pod("db-1", None), &claims, &none).as_deref(),
             Some("Healthy"),
             "only the claims the pod mounts"
         );
         assert_eq!(
-            instance_health(&pod("db-2", None), &claims).as_deref(),
+            instance_health(&pod("db-2", None), &claims, &none).as_deref(),
             Some("Failed")
         );
         let unreported = [told("db-1", None)];
-        assert_eq!(instance_health(&pod("db-1", None), &unreported), None);
         assert_eq!(
-            instance_health(&pod("db-3", None), &claims),
+            instance_health(&pod("db-1", None), &unreported, &none),
+            None
+        );
+        assert_eq!(
+            instance_health(&pod("db-3", None), &claims, &none),
             None,
             "no claim of its own"
+        );
+    }
+
+    fn on_node(mut claim: PersistentVolumeClaim, node: &str) -> PersistentVolumeClaim {
+        claim
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(SELECTED_NODE.to_string(), node.to_string());
+        claim
+    }
+
+    #[test]
+    fn a_volume_on_a_node_that_is_not_ready_is_of_unknown_health() {
+        let down = BTreeSet::from(["node-3".to_string()]);
+        let claims = [
+            on_node(told("db-1", Some(("Healthy", ""))), "node-1"),
+            on_node(told("db-2", Some(("Healthy", ""))), "node-3"),
+        ];
+        let c = health_condition(&claims, &[], &down, None, Some(4), at(100));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("Unknown", NODE_NOT_READY)
+        );
+        assert!(c.message.contains("db-2 (node node-3)"), "{}", c.message);
+        assert_eq!(
+            health_warning(None, &c),
+            None,
+            "no Warning: the node's own say"
+        );
+        // Back to True once the node is Ready again.
+        let c = health_condition(&claims, &[], &BTreeSet::new(), Some(&c), Some(4), at(200));
+        assert_eq!(
+            (c.status.as_str(), c.last_transition_time),
+            ("True", at(200))
+        );
+        // A pool reported unhealthy elsewhere still makes it False.
+        let claims = [
+            on_node(told("db-1", Some(("Degraded", "1 disk missing"))), "node-1"),
+            on_node(told("db-2", Some(("Healthy", ""))), "node-3"),
+        ];
+        let c = health_condition(&claims, &[], &down, None, Some(4), at(300));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", POOL_DEGRADED)
+        );
+        // The instance's own column: Unknown on the lost node, unless worse was said.
+        assert_eq!(
+            instance_health(&pod("db-2", None), &claims, &down).as_deref(),
+            Some(UNKNOWN_HEALTH)
+        );
+        // A volume made beforehand binds without the scheduler's annotation: the node
+        // of the pod that mounts it tells.
+        let mut placed = pod("db-2", None);
+        placed.spec.as_mut().expect("a spec").node_name = Some("node-3".into());
+        let unannotated = [told("db-2", Some(("Healthy", "")))];
+        let c = health_condition(&unannotated, &[&placed], &down, None, Some(4), at(400));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("Unknown", NODE_NOT_READY)
+        );
+        assert_eq!(
+            instance_health(&placed, &unannotated, &down).as_deref(),
+            Some(UNKNOWN_HEALTH)
+        );
+        assert_eq!(
+            health_condition(&unannotated, &[], &down, None, Some(4), at(400)).status,
+            "True",
+            "no node known, nothing to doubt"
+        );
+        let failed = [on_node(
+            told("db-2", Some(("Failed", "mkfs failed"))),
+            "node-3",
+        )];
+        assert_eq!(
+            instance_health(&pod("db-2", None), &failed, &down).as_deref(),
+            Some("Failed")
+        );
+        assert_eq!(
+            instance_health(&pod("db-1", None), &claims, &down).as_deref(),
+            Some("Degraded")
         );
     }
 }
