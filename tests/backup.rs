@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, describe, events,
-    events_with, http_get, instance_addresses, jsonpath, phase_and_ready, try_superuser, wait_for,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, condition_message,
+    describe, events, events_with, http_get, instance_addresses, jsonpath, phase_and_ready,
+    try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -108,15 +109,7 @@ async fn base_backups_stream_from_a_replica_and_survive_restarts_honestly() {
     wait_for(
         "a segment archived without a write, once archiving is switched on",
         Duration::from_secs(60),
-        || {
-            jsonpath(
-                "dbc",
-                CLUSTER,
-                &ns,
-                "{.status.conditions[?(@.type==\"ContinuousArchiving\")].message}",
-            )
-            .contains("archives WAL: last ")
-        },
+        || condition_message(&ns, CLUSTER, "ContinuousArchiving").contains("archives WAL: last "),
         diagnostics,
     );
 

@@ -11,20 +11,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, condition, describe,
-    jsonpath, phase_and_ready, try_superuser, wait_for,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, apply_manifest, condition,
+    condition_message, describe, jsonpath, phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
 const OPERATOR: &str = "127.0.69.1:8080";
 
 fn archiving_message(namespace: &str) -> String {
-    jsonpath(
-        "dbc",
-        "vault",
-        namespace,
-        "{.status.conditions[?(@.type==\"ContinuousArchiving\")].message}",
-    )
+    condition_message(namespace, "vault", "ContinuousArchiving")
 }
 
 /// `kubectl apply`s the one-instance cluster `vault` backing up through the TLS proxy,

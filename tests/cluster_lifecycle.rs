@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, apply_cluster_of, catalog_image, connect_app, describe,
-    events, events_with, http_get, instance_addresses, jsonpath, phase_and_ready, server_versions,
-    set_catalog_image, wait_for, wait_for_catalog, wait_orders,
+    LocalVolumes, Operator, apply_cluster, apply_cluster_of, catalog_image, condition_message,
+    connect_app, describe, events, events_with, http_get, instance_addresses, jsonpath,
+    phase_and_ready, server_versions, set_catalog_image, wait_for, wait_for_catalog, wait_orders,
 };
 use support::faults::{Writer, volume_path};
 use support::{TestNamespace, client, kubectl, kubectl_ok};
@@ -436,12 +436,7 @@ async fn an_actor_panic_is_survived_and_reported_as_degraded() {
         || degraded("faulty") == "True",
         diagnostics,
     );
-    let reason = jsonpath(
-        "dbc",
-        "faulty",
-        &ns,
-        "{.status.conditions[?(@.type==\"Degraded\")].message}",
-    );
+    let reason = condition_message(&ns, "faulty", "Degraded");
     assert!(reason.contains("injected fault: test panic"), "{reason}");
     assert_eq!(phase_and_ready(&ns, "faulty"), "Degraded/1");
     assert!(

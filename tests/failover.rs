@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, describe, instance_addresses, jsonpath, wait_for,
+    LocalVolumes, Operator, apply_cluster, condition, condition_message, describe,
+    instance_addresses, jsonpath, wait_for,
 };
 use support::faults::{
     Writer, instance_manager_pid, instance_processes, node, node_of, postmaster_pid, read_missing,
@@ -197,15 +198,9 @@ impl Suite {
                         "VolumesHealthy Unknown/NodeNotReady naming the lost node's volume",
                         Duration::from_secs(60),
                         || {
-                            let condition = jsonpath(
-                                "dbc",
-                                CLUSTER,
-                                &self.ns,
-                                "{.status.conditions[?(@.type==\"VolumesHealthy\")].reason}: \
-                                 {.status.conditions[?(@.type==\"VolumesHealthy\")].message}",
-                            );
-                            condition.starts_with("NodeNotReady: ")
-                                && condition.contains(&format!("{primary} (node {node_name})"))
+                            condition(&self.ns, CLUSTER, "VolumesHealthy") == "Unknown/NodeNotReady"
+                                && condition_message(&self.ns, CLUSTER, "VolumesHealthy")
+                                    .contains(&format!("{primary} (node {node_name})"))
                         },
                         || self.diagnostics(),
                     );

@@ -19,8 +19,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::cluster::{
-    LocalVolumes, Operator, apply_cluster, condition, describe, events_with, jsonpath,
-    secret_value, try_superuser, wait_for,
+    LocalVolumes, Operator, apply_cluster, condition, condition_message, describe, events_with,
+    jsonpath, secret_value, try_superuser, wait_for,
 };
 use support::faults::{Writer, postmaster_pid};
 use support::postgres::pg_bin_dir;
@@ -501,12 +501,7 @@ async fn postgres_serves_tls_from_the_users_ca_and_admits_only_whom_the_spec_nam
         || condition(&ns, "vault", "ServerCertificate") == "False/CertificateRefused",
         diagnostics,
     );
-    let refusal = jsonpath(
-        "dbc",
-        "vault",
-        &ns,
-        "{.status.conditions[?(@.type==\"ServerCertificate\")].message}",
-    );
+    let refusal = condition_message(&ns, "vault", "ServerCertificate");
     assert!(
         refusal.contains(&format!("vault-rw.{ns}.svc")) && refusal.contains("keeps serving"),
         "{refusal}"

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 use support::cluster::{
-    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_manifest, condition, describe, events_with,
-    jsonpath, phase_and_ready, try_superuser, wait_for,
+    LocalVolumes, Operator, SUPERUSER_ACCESS, apply_manifest, condition, condition_message,
+    describe, events_with, jsonpath, phase_and_ready, try_superuser, wait_for,
 };
 use support::{TestNamespace, client, kubectl_ok, s3};
 
@@ -194,13 +194,8 @@ async fn clusters_are_restored_to_a_point_in_time_and_from_a_bare_location() {
         Duration::from_secs(60),
         || {
             condition(&ns, "future", "Restored") == "False/RestoreWaiting"
-                && jsonpath(
-                    "dbc",
-                    "future",
-                    &ns,
-                    "{.status.conditions[?(@.type==\"Restored\")].message}",
-                )
-                .contains("outside what the archive covers: from ")
+                && condition_message(&ns, "future", "Restored")
+                    .contains("outside what the archive covers: from ")
         },
         diagnostics,
     );

@@ -12,7 +12,7 @@
 mod support;
 
 use support::agent::{agent_up, dev_dir};
-use support::cluster::{Operator, describe, jsonpath};
+use support::cluster::{Operator, condition_message, describe, jsonpath};
 use support::disks::{Loops, MIB, run, sparse_file};
 use support::{TestNamespace, client, eventually, kubectl, kubectl_ok};
 
@@ -341,12 +341,7 @@ fn volumes_bound(namespace: &str, name: &str) -> String {
 }
 
 fn volumes_bound_message(namespace: &str, name: &str) -> String {
-    jsonpath(
-        "dbc",
-        name,
-        namespace,
-        "{.status.conditions[?(@.type==\"VolumesBound\")].message}",
-    )
+    condition_message(namespace, name, "VolumesBound")
 }
 
 /// `type|series count` of each Event with `reason` about cluster `name`.

@@ -325,6 +325,16 @@ pub fn condition(namespace: &str, cluster: &str, type_: &str) -> String {
     )
 }
 
+/// The message of a cluster's condition `type_` (empty when it has none).
+pub fn condition_message(namespace: &str, cluster: &str, type_: &str) -> String {
+    jsonpath(
+        "dbc",
+        cluster,
+        namespace,
+        &format!("{{.status.conditions[?(@.type==\"{type_}\")].message}}"),
+    )
+}
+
 pub fn jsonpath(kind: &str, name: &str, namespace: &str, path: &str) -> String {
     let output = kubectl(&[
         "get",
