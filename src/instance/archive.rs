@@ -275,10 +275,12 @@ impl Archive {
     /// Whether the setting with `fingerprint` is still in force and has archived
     /// nothing yet.
     pub fn untried(&self, fingerprint: &str) -> bool {
-        let report = self.report();
-        report.fingerprint.as_deref() == Some(fingerprint)
-            && report.last_archived.is_none()
-            && report.last_failure.is_none()
+        // The counts only: `report` would also list pg_wal for the waiting files.
+        let nothing_yet = self
+            .report
+            .lock()
+            .is_ok_and(|report| report.last_archived.is_none() && report.last_failure.is_none());
+        nothing_yet && self.setting().fingerprint().as_deref() == Some(fingerprint)
     }
 
     /// What archiving did since the setting, with its fingerprint and the files

@@ -103,8 +103,7 @@ pub fn print_structured(output: Output, value: &impl Serialize) -> anyhow::Resul
     match output {
         Output::Table => Ok(false),
         Output::Json => {
-            let json = serde_json::to_string_pretty(value).context("writing JSON")?;
-            write_out(&format!("{json}\n"))?;
+            out_line(serde_json::to_string_pretty(value).context("writing JSON")?)?;
             Ok(true)
         }
         Output::Yaml => {
