@@ -1606,6 +1606,130 @@ async fn a_pool_on_a_node_that_never_returns_is_released_on_request() {
 /// A claim in `namespace` bound to a volume of the test's pool on its node, as the
 /// agent would have provisioned (labels, node affinity, a path in the pool); the
 /// claim's and the volume's name.
+/// A node that comes back without any disk of its pool (rebooted without them) does
+/// not build the pool anew on another clean disk: that would bring the pool back empty
+/// under volumes that had data. It says why and waits; the disk's return brings the
+/// pool back with its data; deleting the missing disk's BlockDevice (the user giving
+/// that data up) builds the pool anew on the clean disk.
+#[tokio::test]
+async fn a_pool_whose_disks_are_all_missing_is_not_rebuilt_on_other_disks() {
+    let mut setup = OneNode::new("lost", 10).await;
+    let first = setup.disk("first.img");
+    setup.start_agent(&[]);
+    setup.create_pool("single").await;
+    let healthy = setup
+        .wait("Healthy", |e| {
+            e.health.as_deref() == Some("Healthy") && e.disks.len() == 1
+        })
+        .await;
+    let member = healthy.disks[0].block_device.clone();
+    let mount = setup
+        .scratch
+        .pool_root()
+        .join(&setup.node)
+        .join(&setup.pool);
+    fs::write(mount.join("kept"), "acknowledged").expect("writing into the pool");
+    run("sync", &[]);
+
+    // The node restarts without its disk, and a clean one is attached instead.
+    let reboot_without = |setup: &mut OneNode, disk: &str| {
+        if let Some(mut agent) = setup.agent.take() {
+            agent.stop();
+        }
+        setup.unmount.all();
+        setup.loops.detach(disk);
+    };
+    reboot_without(&mut setup, &first);
+    let spare_file = setup.dir.join("spare.img");
+    let spare = setup.disk("spare.img");
+    setup.start_agent(&[]);
+    let waiting = setup
+        .wait("Failed with its member missing", |e| {
+            e.health.as_deref() == Some("Failed")
+                && e.message.as_deref().is_some_and(|m| m.contains("missing"))
+        })
+        .await;
+    let message = waiting.message.clone().unwrap_or_default();
+    println!("all members missing: {message}");
+    assert!(
+        message.contains(&member),
+        "names the missing disk: {message}"
+    );
+    assert!(
+        message.contains("delete its BlockDevice"),
+        "says how to give the data up: {message}"
+    );
+    // Give a wrong pass time to happen, then prove none did: the clean disk carries
+    // nothing and is nobody's, and nothing is mounted.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        run("wipefs", &["--noheadings", &spare]).trim(),
+        "",
+        "the spare was written"
+    );
+    assert!(
+        !mounts_under(&setup.scratch.pool_root())
+            .iter()
+            .any(|m| Path::new(m) == mount),
+        "a new pool was mounted"
+    );
+    let devices = Api::<BlockDevice>::all(support::client().await);
+    let spare_object = devices
+        .list(&ListParams::default().labels(&format!("castellan.io/node={}", setup.node)))
+        .await
+        .expect("listing the node's BlockDevices")
+        .items
+        .into_iter()
+        // The spare may have the path the lost disk had: not that disk's object.
+        .find(|device| device.spec.path == spare && device.name_any() != member)
+        .expect("the spare's BlockDevice");
+    let status = spare_object.status.clone().unwrap_or_default();
+    assert_eq!(
+        (status.state, status.pool.as_deref()),
+        (Some(BlockDeviceState::Unclaimed), None),
+        "the spare was claimed"
+    );
+
+    // The disk comes back (the spare taken out first, so it does not join): the pool
+    // is mounted again with what was written on it.
+    setup.loops.detach(&spare);
+    let back = setup.loops.attach(&setup.dir.join("first.img"));
+    setup
+        .wait("Healthy on its own disk again", |e| {
+            e.health.as_deref() == Some("Healthy") && paths(e) == vec![back.clone()]
+        })
+        .await;
+    assert_eq!(
+        fs::read_to_string(mount.join("kept")).expect("reading the pool's data"),
+        "acknowledged"
+    );
+
+    // The disk is lost for good, and the user says so by deleting its BlockDevice: the
+    // pool is built anew, empty, on the clean disk.
+    reboot_without(&mut setup, &back);
+    let spare = setup.loops.attach(&spare_file);
+    setup.start_agent(&[]);
+    setup
+        .wait("Failed with its member missing again", |e| {
+            e.health.as_deref() == Some("Failed")
+                && e.message.as_deref().is_some_and(|m| m.contains(&member))
+        })
+        .await;
+    let given_up = Instant::now();
+    support::kubectl_ok(&["delete", "blockdevice", &member]);
+    setup
+        .wait("Healthy on the spare", |e| {
+            e.health.as_deref() == Some("Healthy") && paths(e) == vec![spare.clone()]
+        })
+        .await;
+    println!(
+        "BlockDevice deleted -> pool built anew on the spare in {:.1} s",
+        given_up.elapsed().as_secs_f64()
+    );
+    assert!(!mount.join("kept").exists(), "a new pool starts empty");
+    setup.finish();
+}
+
 async fn bound_volume(setup: &mut OneNode, namespace: &str, mount: &Path) -> String {
     let name = format!("{}-vol", setup.pool);
     setup.objects.volumes.push(name.clone());

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use castellan_crds::block_device::BlockDevice;
 use castellan_crds::storage_pool::StoragePool;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -79,8 +80,8 @@ pub struct AgentArgs {
     /// Where pools are mounted: `<pool-root>/<node>/<pool>`.
     #[arg(long, default_value = btrfs::POOL_ROOT)]
     pub pool_root: PathBuf,
-    /// Seconds between polls of the StoragePools' generations; a new or changed pool
-    /// triggers a look.
+    /// Seconds between polls of the StoragePools' generations and of this node's
+    /// BlockDevices; a new or changed pool, or a BlockDevice deleted, triggers a look.
     #[arg(long, default_value_t = 5)]
     pub pool_poll_seconds: u64,
     #[command(flatten)]
@@ -203,6 +204,7 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     let listener = uevent::Listener::open().context("listening for kernel uevents")?;
     let polling = tokio::spawn(poll_pools(
         client.clone(),
+        node.clone(),
         Duration::from_secs(args.pool_poll_seconds.max(1)),
         triggers.clone(),
     ));
@@ -381,9 +383,6 @@ async fn log_failing(kind: &'static str, mut failing: mpsc::UnboundedReceiver<Ch
     }
 }
 
-/// Triggers a look whenever the set of pools or one's spec changes (its generation),
-/// and once at start. A plain poll, not a watch: a handful of small objects, and no
-/// stream plumbing to keep alive.
 /// Looks at the error counters of this node's mounted pools every `period` and asks
 /// for a look when they change, so that a failing member shows on its BlockDevice and
 /// the pool within seconds, not at the next scrub or periodic rescan (a read that
@@ -417,24 +416,41 @@ async fn watch_device_errors(mounts: PathBuf, period: Duration, triggers: mpsc::
     }
 }
 
-async fn poll_pools(client: Client, period: Duration, triggers: mpsc::Sender<()>) {
-    let api = Api::<StoragePool>::all(client);
+/// Triggers a look whenever the set of pools or one's spec changes (its generation),
+/// or the set of this node's BlockDevices does (one deleted: a missing member given
+/// up, or an object to write again), and once at start. A plain poll, not a watch: a
+/// handful of small objects, and no stream plumbing to keep alive.
+async fn poll_pools(client: Client, node: String, period: Duration, triggers: mpsc::Sender<()>) {
+    let pools = Api::<StoragePool>::all(client.clone());
+    let devices = Api::<BlockDevice>::all(client);
+    let own = ListParams::default().labels(&format!("{}={node}", crate::kube_ops::NODE_LABEL));
     let mut last: Option<Vec<(String, Option<i64>)>> = None;
     let mut interval = tokio::time::interval(period);
     loop {
         interval.tick().await;
-        let generations = match api.list_metadata(&ListParams::default()).await {
-            Ok(list) => {
-                let mut generations: Vec<(String, Option<i64>)> = list
+        let listed = futures::future::try_join(
+            pools.list_metadata(&ListParams::default()),
+            devices.list_metadata(&own),
+        )
+        .await;
+        let generations = match listed {
+            Ok((pools, devices)) => {
+                let mut generations: Vec<(String, Option<i64>)> = pools
                     .items
                     .iter()
                     .map(|pool| (pool.uid().unwrap_or_default(), pool.metadata.generation))
+                    .chain(
+                        devices
+                            .items
+                            .iter()
+                            .map(|device| (device.uid().unwrap_or_default(), None)),
+                    )
                     .collect();
                 generations.sort();
                 generations
             }
             Err(error) => {
-                tracing::warn!(%error, "polling StoragePools failed");
+                tracing::warn!(%error, "polling StoragePools and this node's BlockDevices failed");
                 continue;
             }
         };

@@ -152,6 +152,10 @@ pub fn failed_members(
 pub enum Blocked {
     /// The claimable disks cannot carry the layout.
     Shortfall(LayoutShortfall),
+    /// Every member of the node's pool is missing (these BlockDevices): the pool's data
+    /// is on them, so no new filesystem is built on other disks. Re-attaching them
+    /// brings the pool back; deleting their BlockDevices gives that data up.
+    MembersMissing(Vec<String>),
 }
 
 /// The steps that bring the node's pool to what `decision` says.
@@ -175,6 +179,13 @@ pub fn plan(
     };
     match filesystem {
         Filesystem::Absent if members.is_empty() => {
+            // A node that had the pool and lost every disk of it (a reboot without
+            // them, a cable): building anew on other disks would bring the pool back
+            // empty under volumes that had data. Wait for them, or for the user to
+            // give them up.
+            if !decision.missing_members.is_empty() {
+                return Err(Blocked::MembersMissing(decision.missing_members.clone()));
+            }
             decision.layout.clone().map_err(Blocked::Shortfall)?;
             let claims: Vec<&Claim> = decision.claims.iter().collect();
             let paths: Vec<&str> = claims.iter().map(|claim| claim.path.as_str()).collect();
@@ -420,6 +431,23 @@ pub fn node_status(
         (FAILED, Some(error.to_string()))
     } else if let Some(Blocked::Shortfall(shortfall)) = outcome.blocked {
         (PENDING, Some(format!("no filesystem built: {shortfall}")))
+    } else if let Some(Blocked::MembersMissing(members)) = outcome.blocked {
+        let (count, noun) = match members.len() {
+            1 => ("its only member".to_string(), "it"),
+            n => (format!("all {n} of its members"), "them"),
+        };
+        (
+            FAILED,
+            Some(format!(
+                "{count} on this node {} missing ({}) and the pool's data is on {noun}: \
+                 no new filesystem is built on other disks; re-attach {noun}, or delete \
+                 {} BlockDevice{} to give that data up and build the pool anew",
+                if members.len() == 1 { "is" } else { "are" },
+                members.join(", "),
+                if members.len() == 1 { "its" } else { "their" },
+                if members.len() == 1 { "" } else { "s" },
+            )),
+        )
     } else if outcome.show.is_none() {
         (PENDING, Some("no disk claimed yet".to_string()))
     } else if let Some(replacement) = outcome.replacement {
@@ -630,6 +658,99 @@ mod tests {
                 &Repair::default()
             ),
             Err(Blocked::Shortfall(shortfall))
+        );
+    }
+
+    #[test]
+    fn absent_with_every_member_missing_builds_nothing_on_other_disks() {
+        // Both members gone, two clean disks that could carry a raid1 anew.
+        let d = decision(
+            vec![
+                claim("c", "/dev/l2", false, false),
+                claim("d", "/dev/l3", false, true),
+            ],
+            &["a", "b"],
+            Ok(()),
+        );
+        assert_eq!(
+            plan(
+                "p",
+                Layout::Raid1,
+                &d,
+                &Filesystem::Absent,
+                &Repair::default()
+            ),
+            Err(Blocked::MembersMissing(vec!["a".into(), "b".into()]))
+        );
+        // Nothing runs, so nothing is marked Claimed either.
+        assert!(to_mark_claimed("p", &d, &[], &[]).is_empty());
+        // With no disk at all it waits for them the same way, not as a shortfall.
+        let none = decision(
+            vec![],
+            &["a"],
+            Err(LayoutShortfall {
+                layout: Layout::Single,
+                needed: 1,
+                available: 0,
+                rejected: 0,
+            }),
+        );
+        assert_eq!(
+            plan(
+                "p",
+                Layout::Single,
+                &none,
+                &Filesystem::Absent,
+                &Repair::default()
+            ),
+            Err(Blocked::MembersMissing(vec!["a".into()]))
+        );
+    }
+
+    #[test]
+    fn every_member_missing_is_failed_saying_how_to_go_on() {
+        let d = decision(vec![], &["a", "b"], Ok(()));
+        let blocked = Blocked::MembersMissing(vec!["a".into(), "b".into()]);
+        let status = node_status(
+            "n1",
+            &d,
+            &[
+                ("a".into(), "/dev/l0".into()),
+                ("b".into(), "/dev/l1".into()),
+            ],
+            &Outcome {
+                blocked: Some(&blocked),
+                ..Default::default()
+            },
+        );
+        assert_eq!(status.health.as_deref(), Some(FAILED));
+        assert_eq!(
+            status.message.as_deref(),
+            Some(
+                "all 2 of its members on this node are missing (a, b) and the pool's data is on \
+                 them: no new filesystem is built on other disks; re-attach them, or delete \
+                 their BlockDevices to give that data up and build the pool anew"
+            )
+        );
+        let states: Vec<_> = status.disks.iter().map(|d| d.state.as_deref()).collect();
+        assert_eq!(states, [Some("Missing"), Some("Missing")]);
+        let one = Blocked::MembersMissing(vec!["a".into()]);
+        let status = node_status(
+            "n1",
+            &decision(vec![], &["a"], Ok(())),
+            &[],
+            &Outcome {
+                blocked: Some(&one),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            status.message.as_deref(),
+            Some(
+                "its only member on this node is missing (a) and the pool's data is on it: \
+                 no new filesystem is built on other disks; re-attach it, or delete its \
+                 BlockDevice to give that data up and build the pool anew"
+            )
         );
     }
 

@@ -742,8 +742,14 @@ impl Pools {
                 replace_error: replace_error.as_deref(),
             },
         );
-        if let Some(Blocked::Shortfall(shortfall)) = &blocked {
-            tracing::warn!(node = %self.node, pool = %name, %shortfall, "pool not built");
+        match &blocked {
+            Some(Blocked::Shortfall(shortfall)) => {
+                tracing::warn!(node = %self.node, pool = %name, %shortfall, "pool not built");
+            }
+            Some(Blocked::MembersMissing(members)) => {
+                tracing::warn!(node = %self.node, pool = %name, ?members, "every member of the pool is missing; waiting for them");
+            }
+            None => {}
         }
         // A member whose superblock is among what it lost is no claim of the pool's
         // any more: name its BlockDevice by what is attached at its path.
