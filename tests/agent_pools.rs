@@ -145,6 +145,20 @@ impl Agent {
             .unwrap_or_else(|| panic!("the agent logged no /metrics address:\n{log}"))
     }
 
+    /// The phases the agent's actor for `pool` went through, as it logged them
+    /// (`from`, `to`), in order (across restarts: the log is appended to).
+    fn phases(&self, pool: &str) -> Vec<(String, String)> {
+        let log = fs::read_to_string(&self.log).expect("reading the agent log");
+        log.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["message"] == "pool member phase" && line["pool"] == pool)
+            .map(|line| {
+                let text = |key: &str| line[key].as_str().unwrap_or_default().to_string();
+                (text("from"), text("to"))
+            })
+            .collect()
+    }
+
     fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -393,6 +407,29 @@ impl OneNode {
 
     async fn wait(&self, what: &str, ready: impl Fn(&PoolNodeStatus) -> bool) -> PoolNodeStatus {
         wait_node(&self.pool_api, &self.pool, &self.node, what, ready).await
+    }
+
+    /// The pool actor's phases as its agent logged them, once the last is `from` →
+    /// `to` (the phase follows the end of the pass that wrote the status a test waits
+    /// for); fails after 5 s.
+    async fn phases_ending(&self, from: &str, to: &str) -> Vec<(String, String)> {
+        let last = (from.to_string(), to.to_string());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let phases = self
+                .agent
+                .as_ref()
+                .map(|agent| agent.phases(&self.pool))
+                .unwrap_or_default();
+            if phases.last() == Some(&last) {
+                return phases;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pool's actor never went {from} -> {to}: {phases:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Stops the agent, unmounts the pool and proves nothing of the test's is mounted.
@@ -926,6 +963,25 @@ async fn a_mkfs_that_fails_halfway_does_not_wedge_the_pool() {
     );
     assert_eq!(paths(&healthy), vec![disk.clone()]);
     assert_eq!(btrfs_devices(&mount), 1);
+    // The pool's actor went through its phases: formatting failed it, and a later
+    // incarnation formatted, mounted and reached Healthy.
+    let phases = setup.phases_ending("Mounting", "Healthy").await;
+    let pair = |from: &str, to: &str| (from.to_string(), to.to_string());
+    assert_eq!(
+        phases.first(),
+        Some(&pair("Planning", "Formatting")),
+        "{phases:?}"
+    );
+    assert!(phases.contains(&pair("Formatting", "Failed")), "{phases:?}");
+    assert_eq!(
+        phases[phases.len() - 3..],
+        [
+            pair("Planning", "Formatting"),
+            pair("Formatting", "Mounting"),
+            pair("Mounting", "Healthy")
+        ],
+        "{phases:?}"
+    );
     // Lazily: the loop device holds its file until `finish` detaches it.
     tmpfs.all();
     setup.finish();
@@ -1659,6 +1715,7 @@ async fn a_pool_whose_disks_are_all_missing_is_not_rebuilt_on_other_disks() {
         message.contains("delete its BlockDevice"),
         "says how to give the data up: {message}"
     );
+    setup.phases_ending("Planning", "Blocked").await;
     // Give a wrong pass time to happen, then prove none did: the clean disk carries
     // nothing and is nobody's, and nothing is mounted.
     tokio::time::sleep(Duration::from_secs(3)).await;

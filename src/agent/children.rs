@@ -10,11 +10,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use actix::prelude::*;
-use castellan_actors::Event;
+use castellan_actors::{Event, StateMachine};
 use tokio::runtime::Handle;
 use tracing::Instrument;
-
-use super::serial::{Serial, SerialEvent};
 
 /// The node's storage lock: held while the node's storage changes — a look's
 /// BlockDevice writes, a pool's pass, a volume pass — so that these never interleave
@@ -62,17 +60,19 @@ pub async fn contained<T: Send + 'static>(
         .unwrap_or_else(|error| Err(format!("{what} panicked: {error}")))
 }
 
-/// Runs one pass of a [`Serial`] actor in a task of its own, in `span`, and sends its
-/// end back as `Finished`.
-pub fn run_pass<R, O>(
+/// Runs one pass of a one-pass-at-a-time actor in a task of its own, in `span`, and
+/// sends its end back as the event `finished` makes of it.
+pub fn run_pass<M, O>(
     runtime: &Handle,
     span: tracing::Span,
     what: String,
     pass: impl Future<Output = Result<O, String>> + Send + 'static,
-    events: &Recipient<Event<Serial<R, O>>>,
+    events: &Recipient<Event<M>>,
+    finished: fn(Result<O, String>) -> M::Event,
 ) where
-    R: Clone + std::fmt::Debug + Unpin + Send + 'static,
-    O: Clone + std::fmt::Debug + Unpin + Send + 'static,
+    M: StateMachine,
+    M::Event: Send,
+    O: Send + 'static,
 {
     let (inner, events) = (runtime.clone(), events.clone());
     runtime.spawn(
@@ -81,7 +81,7 @@ pub fn run_pass<R, O>(
             if let Err(error) = &outcome {
                 tracing::error!(%error, "{what} failed");
             }
-            events.do_send(Event::new(SerialEvent::Finished(outcome)));
+            events.do_send(Event::new(finished(outcome)));
         }
         .instrument(span),
     );

@@ -1,5 +1,6 @@
-//! The machine of an actor that runs one pass at a time: a `PoolMemberActor` (a pass
-//! over its pool) and the `VolumeActor` (a pass over the node's volumes).
+//! The machine of an actor that runs one pass at a time: the `VolumeActor` (a pass
+//! over the node's volumes), and the passes of a `PoolMemberActor`, whose lifecycle
+//! (`pool::lifecycle`) follows these rules for them.
 //!
 //! Pure. A request while a pass runs is kept, the latest replacing any earlier one
 //! (it carries the newer view), and run when the pass ends: requests coalesce, and

@@ -28,8 +28,8 @@ use crate::agent::disk::machine::{DiskEvent, DiskState, Done, Sighting};
 use crate::agent::disk::observe::{self, AllowList, Sources};
 use crate::agent::disk::shell::{DiskActor, DiskEffects, DiskWriter};
 use crate::agent::pool::actor::{PoolMemberActor, PoolMemberEffects, PoolRequest};
+use crate::agent::pool::lifecycle::{MemberEvent, MemberState};
 use crate::agent::pool::shell::Pools;
-use crate::agent::serial::{SerialEvent, SerialState};
 
 pub type NodeActor = MachineActor<NodeMachine, NodeEffects>;
 
@@ -182,7 +182,7 @@ async fn look(node: &Arc<NodeParts>, cause: Cause) -> Result<(), String> {
         let key = pool.name_any();
         names.insert(key.clone());
         let spec = MachineSpec {
-            initial: SerialState::Idle,
+            initial: MemberState::new(),
             effects: PoolMemberEffects::new(
                 &key,
                 node.pools.clone(),
@@ -197,7 +197,7 @@ async fn look(node: &Arc<NodeParts>, cause: Cause) -> Result<(), String> {
         };
         // None: the pool's actor waits out a back-off; its restart asks for a look.
         if let Some(member) = start(&node.pool_members, &key, spec).await? {
-            member.do_send(Event::new(SerialEvent::Request(request)));
+            member.do_send(Event::new(MemberEvent::Request(request)));
         }
     }
     retain(&node.pool_members, names).await;

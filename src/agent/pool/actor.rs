@@ -1,9 +1,11 @@
-//! The `PoolMemberActor`: this node's part of one `StoragePool`, one pass at a time
-//! (`serial`), each pass the pool shell's (`shell::Pools::pass`: plan → wipe →
-//! mkfs/add → mount → healthy/degraded, or deleting). Its supervisor restarts it with
-//! back-off when a pass fails, and marks this node's entry of the pool `Failed` with
-//! the reason once it keeps failing. This is its shell; it decides nothing, and it
-//! works through a [`PoolWork`] (the pool shell in production, a recorder in tests).
+//! The `PoolMemberActor`: this node's part of one `StoragePool` through its phases
+//! (`lifecycle`: planning → wiping → formatting/adding → mounting → healthy/degraded,
+//! replacing, deleting), one pass at a time, each pass the pool shell's
+//! (`shell::Pools::pass`), which reports its steps and where it left the pool. Its
+//! supervisor restarts it with back-off when a pass fails, and marks this node's entry
+//! of the pool `Failed` with the reason once it keeps failing. This is its shell; it
+//! decides nothing, and it works through a [`PoolWork`] (the pool shell in production,
+//! a recorder in tests).
 
 use std::sync::Arc;
 
@@ -13,10 +15,10 @@ use castellan_crds::storage_pool::StoragePool;
 use futures::future::BoxFuture;
 use tokio::runtime::Handle;
 
+use super::lifecycle::{MemberEffect, MemberEvent, PassEnd, PoolMember, StepKind};
 use super::shell::{Labels, Pools};
-use crate::agent::children::{Ask, Next, NodeInbox, run_pass};
+use crate::agent::children::{Ask, NodeInbox, run_pass};
 use crate::agent::disk::observe::Observed;
-use crate::agent::serial::{Serial, SerialEffect};
 
 /// A pass over a pool with one look's view.
 #[derive(Clone, Debug)]
@@ -26,14 +28,21 @@ pub struct PoolRequest {
     pub observed: Arc<Vec<Observed>>,
 }
 
-pub type PoolMemberMachine = Serial<PoolRequest, Next>;
+pub type PoolMemberMachine = PoolMember<PoolRequest>;
+
+/// Where a running pass reports the steps it starts.
+pub type OnStep = Arc<dyn Fn(StepKind) + Send + Sync>;
 pub type PoolMemberActor = MachineActor<PoolMemberMachine, PoolMemberEffects>;
 
 /// The work of a pool's actor (its passes) and of its supervisor's sink (marking the
 /// node's entry `Failed`): [`Pools`] in production, a recorder in tests.
 pub trait PoolWork: Send + Sync + 'static {
-    /// One pass over the request's pool.
-    fn run(self: Arc<Self>, request: PoolRequest) -> BoxFuture<'static, Result<Next, String>>;
+    /// One pass over the request's pool, telling `progress` each step it starts.
+    fn run(
+        self: Arc<Self>,
+        request: PoolRequest,
+        progress: OnStep,
+    ) -> BoxFuture<'static, Result<PassEnd, String>>;
     /// Marks this node's entry of `pool` `Failed` with `message`.
     fn mark_failed(
         self: Arc<Self>,
@@ -43,9 +52,13 @@ pub trait PoolWork: Send + Sync + 'static {
 }
 
 impl PoolWork for Pools {
-    fn run(self: Arc<Self>, request: PoolRequest) -> BoxFuture<'static, Result<Next, String>> {
+    fn run(
+        self: Arc<Self>,
+        request: PoolRequest,
+        progress: OnStep,
+    ) -> BoxFuture<'static, Result<PassEnd, String>> {
         Box::pin(async move {
-            self.pass(&request.pool, &request.labels, &request.observed)
+            self.pass(&request.pool, &request.labels, &request.observed, progress)
                 .await
                 .map_err(|error| error.to_string())
         })
@@ -87,23 +100,31 @@ impl PoolMemberEffects {
 impl Effects<PoolMemberMachine> for PoolMemberEffects {
     fn execute(
         &mut self,
-        effect: SerialEffect<PoolRequest, Next>,
+        effect: MemberEffect<PoolRequest>,
         events: &Recipient<Event<PoolMemberMachine>>,
     ) {
         match effect {
-            SerialEffect::Run(request) => {
-                let pass = self.pools.clone().run(request);
+            MemberEffect::Run(request) => {
+                let steps = events.clone();
+                let progress: OnStep = Arc::new(move |kind| {
+                    steps.do_send(Event::new(MemberEvent::Step(kind)));
+                });
+                let pass = self.pools.clone().run(request, progress);
                 run_pass(
                     &self.runtime,
                     tracing::info_span!("pool pass", pool = %self.pool),
                     format!("the pass over pool {}", self.pool),
                     pass,
                     events,
+                    MemberEvent::Finished,
                 );
             }
-            SerialEffect::Report(next) => {
+            MemberEffect::Report(next) => {
                 // A closed inbox: the agent is stopping.
                 let _ = self.node.send(Ask::Next(next));
+            }
+            MemberEffect::Entered { from, to } => {
+                tracing::info!(pool = %self.pool, %from, %to, "pool member phase");
             }
         }
     }
@@ -145,8 +166,8 @@ mod tests {
     use tokio::sync::mpsc::unbounded_channel;
 
     use super::*;
-    use crate::agent::children::Ask;
-    use crate::agent::serial::{SerialEvent, SerialState};
+    use crate::agent::children::{Ask, Next};
+    use crate::agent::pool::lifecycle::{MemberPhase, MemberState, Settled};
 
     /// Counts the passes, of which pool `bad`'s fail, and records the entries the sink
     /// marks `Failed`.
@@ -157,14 +178,23 @@ mod tests {
     }
 
     impl PoolWork for Recording {
-        fn run(self: Arc<Self>, request: PoolRequest) -> BoxFuture<'static, Result<Next, String>> {
+        fn run(
+            self: Arc<Self>,
+            request: PoolRequest,
+            progress: OnStep,
+        ) -> BoxFuture<'static, Result<PassEnd, String>> {
             Box::pin(async move {
                 let pool = request.pool.name_any();
+                progress(StepKind::Mkfs);
                 if pool == "bad" {
                     return Err("building pool bad: mkfs.btrfs: device busy".into());
                 }
+                progress(StepKind::Mount);
                 *self.passes.lock().unwrap().entry(pool).or_default() += 1;
-                Ok(Next::default())
+                Ok(PassEnd {
+                    settled: Settled::Healthy,
+                    next: Next::default(),
+                })
             })
         }
 
@@ -217,10 +247,11 @@ mod tests {
         let (inbox, mut asked) = unbounded_channel::<Ask>();
         let runtime = Handle::current();
         const LOOKS: u32 = 6;
+        let mut members_now = BTreeMap::new();
         for _ in 0..LOOKS {
             for name in ["good-a", "bad", "good-b"] {
                 let spec = MachineSpec {
-                    initial: SerialState::Idle,
+                    initial: MemberState::new(),
                     effects: PoolMemberEffects::new(
                         name,
                         work.clone(),
@@ -237,7 +268,8 @@ mod tests {
                     .unwrap();
                 // None: `bad` waits out its back-off or cool-down.
                 let Some(member) = started else { continue };
-                member.do_send(Event::new(SerialEvent::Request(request(name))));
+                member.do_send(Event::new(MemberEvent::Request(request(name))));
+                members_now.insert(name, member);
             }
             // Each good pass ends by telling the node what it needs next.
             let mut nexts = 0;
@@ -291,6 +323,13 @@ mod tests {
                 .unwrap()
                 .unwrap();
             assert_eq!((status.running, status.restarts), (true, 0), "{good}");
+            // Their passes' steps and ends moved them through their phases.
+            let state = members_now[good]
+                .send(castellan_actors::GetState::default())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(state.phase, MemberPhase::Healthy, "{good}");
         }
         reporter.abort();
     }

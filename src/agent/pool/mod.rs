@@ -4,12 +4,14 @@
 //! replacing a failed member (`replace`), scrubs (`scrub`), telling the volumes their
 //! pool's health (`health`), deleting (`deletion`), the pool-wide totals (`totals`)
 //! and the StorageClass (`storage_class`). `actor` is the `PoolMemberActor` that runs
-//! the shell's pass over one pool at a time.
+//! the shell's pass over one pool at a time, and `lifecycle` its machine: the phases of
+//! the node's part of the pool.
 
 pub mod actor;
 pub mod claim;
 pub mod deletion;
 pub mod health;
+pub mod lifecycle;
 pub mod machine;
 pub mod replace;
 pub mod scrub;

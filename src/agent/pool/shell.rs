@@ -30,9 +30,11 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::actor::OnStep;
 use super::claim::{self, Candidate};
 use super::deletion;
 use super::health;
+use super::lifecycle::{PassEnd, Settled, StepKind};
 use super::machine::{self as pool, Blocked, Filesystem, Outcome, Repair, Step};
 use super::replace::{Ended, Progress, Replacements};
 use super::scrub::{self, Scrubs};
@@ -171,28 +173,38 @@ impl Pools {
         pool: &StoragePool,
         labels: &Labels,
         observed: &[Observed],
-    ) -> Result<Next, PoolsError> {
+        progress: OnStep,
+    ) -> Result<PassEnd, PoolsError> {
         let _storage = self.storage.lock().await;
         if pool.metadata.deletion_timestamp.is_some() {
-            return self.delete(pool, observed).await;
+            return self.delete(pool, observed, &progress).await;
         }
+        let settled = |settled| PassEnd {
+            settled,
+            next: Next::default(),
+        };
         match claim::selects_node(pool.spec.node_selector.as_ref(), labels) {
             Ok(false) => {
                 self.leave(pool).await?;
-                return Ok(Next::default());
+                return Ok(settled(Settled::Left));
             }
             Ok(true) => {}
             Err(error) => {
                 let status = failed_status(&self.node, format!("the pool's spec: {error}"));
                 self.apply_node_status(pool, &status).await?;
-                return Ok(Next::default());
+                return Ok(settled(Settled::Blocked));
             }
         }
         let devices = self.devices().await?;
-        let look_in = self.reconcile_pool(pool, observed, &devices).await?;
-        Ok(Next {
-            look_in,
-            ..Next::default()
+        let (look_in, settled) = self
+            .reconcile_pool(pool, observed, &devices, progress)
+            .await?;
+        Ok(PassEnd {
+            settled,
+            next: Next {
+                look_in,
+                ..Next::default()
+            },
         })
     }
 
@@ -212,7 +224,23 @@ impl Pools {
 
     /// This node's part of deleting `pool` (see `deletion`): disks released → look at
     /// them again; a step failed (a disk still busy) → try again soon.
-    async fn delete(&self, pool: &StoragePool, observed: &[Observed]) -> Result<Next, PoolsError> {
+    async fn delete(
+        &self,
+        pool: &StoragePool,
+        observed: &[Observed],
+        progress: &OnStep,
+    ) -> Result<PassEnd, PoolsError> {
+        let deleting = PassEnd {
+            settled: Settled::Deleting,
+            next: Next::default(),
+        };
+        let retry_soon = PassEnd {
+            next: Next {
+                retry_soon: true,
+                ..Next::default()
+            },
+            ..deleting
+        };
         let name = pool.name_any();
         let class = pool.spec.storage_class.name.clone();
         let volumes = self.pool_volumes(&name).await?;
@@ -272,11 +300,12 @@ impl Pools {
                     )
                     .await;
                 }
-                return Ok(Next::default());
+                return Ok(deleting);
             }
             deletion::Deletion::Release(steps) => steps,
         };
         if !steps.is_empty() {
+            progress(StepKind::Release);
             tracing::info!(node = %self.node, pool = %name, ?steps, "releasing the deleted pool");
             self.apply_deleting(
                 pool,
@@ -296,10 +325,7 @@ impl Pools {
                     if let Err(message) = unmounted {
                         // Busy (a pod still uses a volume): tried again soon.
                         tracing::error!(node = %self.node, pool = %name, %message, "unmounting the deleted pool failed");
-                        return Ok(Next {
-                            retry_soon: true,
-                            ..Next::default()
-                        });
+                        return Ok(retry_soon);
                     }
                 }
                 deletion::Step::Wipe { path, block_device } => {
@@ -314,10 +340,7 @@ impl Pools {
                     .await;
                     if let Err(message) = wiped {
                         tracing::error!(node = %self.node, pool = %name, %message, "wiping a released disk failed");
-                        return Ok(Next {
-                            retry_soon: true,
-                            ..Next::default()
-                        });
+                        return Ok(retry_soon);
                     }
                 }
                 deletion::Step::Release(device) => self.release_device(device).await?,
@@ -341,9 +364,13 @@ impl Pools {
                 tracing::info!(node = %self.node, pool = %name, "pool released on every node; finalizer removed");
             }
         }
-        Ok(Next {
-            look_again: !steps.is_empty(),
-            ..Next::default()
+        // Every step done: nothing of the pool is left on this node.
+        Ok(PassEnd {
+            settled: Settled::Released,
+            next: Next {
+                look_again: !steps.is_empty(),
+                ..Next::default()
+            },
         })
     }
 
@@ -484,7 +511,8 @@ impl Pools {
         pool: &StoragePool,
         observed: &[Observed],
         devices: &[BlockDevice],
-    ) -> Result<Option<Duration>, PoolsError> {
+        on_step: OnStep,
+    ) -> Result<(Option<Duration>, Settled), PoolsError> {
         let name = pool.name_any();
         if !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
             // Before anything is built: a pool deleted later must be released first.
@@ -528,7 +556,10 @@ impl Pools {
             Ok(decision) => decision,
             Err(error) => {
                 let status = failed_status(&self.node, format!("the pool's spec: {error}"));
-                return self.apply_node_status(pool, &status).await.map(|()| None);
+                return self
+                    .apply_node_status(pool, &status)
+                    .await
+                    .map(|()| (None, Settled::Blocked));
             }
         };
         let missing_paths: Vec<(String, String)> = decision
@@ -578,7 +609,7 @@ impl Pools {
             Progress::Running(status) => replacement = Some(status),
             Progress::Ended(result) => {
                 (replaced, ended) = (result.result.is_ok(), true);
-                self.replacement_ended(pool, observed, &mount_path, result)
+                self.replacement_ended(pool, observed, &mount_path, result, &on_step)
                     .await?;
             }
         }
@@ -631,6 +662,7 @@ impl Pools {
                 pool: name.clone(),
                 mount_path: mount_path.clone(),
                 replacements: self.replacements.clone(),
+                progress: on_step,
             };
             let to_run = steps.clone();
             match blocking(Err("the pool steps panicked".to_string()), move || {
@@ -789,10 +821,23 @@ impl Pools {
                 message,
             });
         }
-        Ok([look_in, background, scrub_look]
+        let settled = if blocked.is_some() {
+            Settled::Blocked
+        } else if replacement.is_some() {
+            Settled::Replacing
+        } else {
+            match status.health.as_deref() {
+                Some(pool::HEALTHY) => Settled::Healthy,
+                Some(pool::DEGRADED) => Settled::Degraded,
+                // Pending: nothing claimed yet.
+                _ => Settled::Blocked,
+            }
+        };
+        let look = [look_in, background, scrub_look]
             .into_iter()
             .flatten()
-            .min())
+            .min();
+        Ok((look, settled))
     }
 
     /// The node's scrub of `pool` (see `scrub`): its status, started when due and
@@ -902,6 +947,7 @@ impl Pools {
         observed: &[Observed],
         mount_path: &Path,
         ended: Ended,
+        progress: &OnStep,
     ) -> Result<(), PoolsError> {
         let name = pool.name_any();
         let what = format!(
@@ -953,6 +999,7 @@ impl Pools {
             pool: name.clone(),
             mount_path: mount_path.to_path_buf(),
             replacements: self.replacements.clone(),
+            progress: progress.clone(),
         };
         let steps = [
             Step::Resize {
@@ -1258,6 +1305,8 @@ struct Run {
     pool: String,
     mount_path: PathBuf,
     replacements: Arc<Replacements>,
+    /// Told each step as it starts.
+    progress: OnStep,
 }
 
 impl Run {
@@ -1268,10 +1317,12 @@ impl Run {
             pool,
             mount_path,
             replacements,
+            progress,
         } = self;
         let mount = mount_path.to_string_lossy().into_owned();
         for step in steps {
             let _span = tracing::info_span!("pool step", ?step).entered();
+            progress(StepKind::of(step));
             match step {
                 Step::Wipe { path, block_device } => {
                     still_the_disk(node, path, block_device, &Sources::default())?;

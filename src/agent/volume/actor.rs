@@ -54,6 +54,7 @@ impl Effects<VolumeMachine> for VolumeEffects {
                     "the volume pass".to_string(),
                     pass,
                     events,
+                    SerialEvent::Finished,
                 );
             }
             // A claim or volume changed a pool's allocation: report the pools again.
