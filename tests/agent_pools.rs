@@ -1043,7 +1043,8 @@ async fn a_pools_creation_is_a_trace() {
 /// its BlockDevice `Failed`, the node's pool `Degraded` with the errors named, a
 /// `DiskFailing` Event, and the data still read intact from the other copy. A clean
 /// disk attached then replaces it (`btrfs replace`): the pool is Healthy on the good
-/// disk and the new one, the data read intact throughout, the old disk left `Failed`.
+/// disk and the new one, the data read intact throughout, the old disk left `Failed`
+/// and no longer the pool's: detaching it leaves the pool Healthy.
 #[tokio::test]
 async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() {
     let mut setup = OneNode::new("failing", 6).await;
@@ -1330,6 +1331,10 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
             .contains("replaced by"),
         "{old:?}"
     );
+    assert_eq!(
+        old.pool, None,
+        "the replaced disk is no longer the pool's: {old:?}"
+    );
     assert_eq!(status_of(&new).state, Some(BlockDeviceState::InUse));
     let events = events_about("", &pool, "DiskReplaced");
     assert!(events.contains(&new), "no DiskReplaced Event: {events:?}");
@@ -1360,6 +1365,39 @@ async fn a_raid1_member_with_checksum_errors_is_reported_failing_and_replaced() 
     assert_eq!(
         fs::read(mount.join("kept.bin")).expect("reading after the replacement"),
         data
+    );
+
+    // The old disk is detached, as its message invites: it is Missing, and the pool,
+    // which no longer counts it, stays Healthy.
+    let old_name = devices
+        .items
+        .iter()
+        .find(|device| device.spec.path == bad)
+        .map(|device| device.name_any())
+        .expect("the replaced disk's BlockDevice");
+    setup.loops.detach(&bad);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = device_api
+            .get(&old_name)
+            .await
+            .expect("reading the replaced disk's BlockDevice")
+            .status
+            .and_then(|status| status.state);
+        if state == Some(BlockDeviceState::Missing) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never Missing: {state:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Passes after the detach have run (the look that marked it Missing ran them).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = setup_entry(&setup).await.expect("the node's entry");
+    assert_eq!(after.health.as_deref(), Some("Healthy"), "{after:#?}");
+    assert_eq!(
+        sorted(after.disks.iter().map(|d| d.path.clone()).collect()),
+        sorted(vec![good.clone(), new.clone()]),
+        "{after:#?}"
     );
 
     setup.finish();

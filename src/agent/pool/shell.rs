@@ -651,7 +651,7 @@ impl Pools {
                 self.apply_device(
                     &device,
                     BlockDeviceState::Claimed,
-                    &name,
+                    Some(&name),
                     format!("claimed by pool {name}; joining its filesystem"),
                 )
                 .await?;
@@ -723,7 +723,7 @@ impl Pools {
                     "member of pool {name} with {errors} counted by btrfs (btrfs device stats); replace it"
                 );
                 tracing::warn!(node = %self.node, pool = %name, %device, %path, %errors, "a pool member is failing");
-                self.apply_device(device, BlockDeviceState::Failed, &name, message)
+                self.apply_device(device, BlockDeviceState::Failed, Some(&name), message)
                     .await?;
             }
             let uid = pool.metadata.uid.clone().unwrap_or_default();
@@ -746,7 +746,7 @@ impl Pools {
             self.apply_device(
                 &device,
                 BlockDeviceState::InUse,
-                &name,
+                Some(&name),
                 format!("member of pool {name}, mounted at {}", mount_path.display()),
             )
             .await?;
@@ -979,11 +979,13 @@ impl Pools {
             .iter()
             .find(|device| device.spec.path == ended.failed.name)
         {
+            // No longer the pool's: detaching it, as the message invites, must not
+            // make it a missing member.
             let message = format!(
                 "failed member of pool {name}, replaced by {} ({}); it holds none of the pool's data and can be detached",
                 ended.path, ended.block_device
             );
-            self.apply_device(&old.name, BlockDeviceState::Failed, &name, message)
+            self.apply_device(&old.name, BlockDeviceState::Failed, None, message)
                 .await?;
         }
         let present = {
@@ -1153,12 +1155,12 @@ impl Pools {
         &self,
         device: &str,
         state: BlockDeviceState,
-        pool: &str,
+        pool: Option<&str>,
         message: String,
     ) -> Result<(), PoolsError> {
         let status = BlockDeviceStatus {
             state: Some(state),
-            pool: Some(pool.to_string()),
+            pool: pool.map(str::to_string),
             message: Some(message),
             ..Default::default()
         };
