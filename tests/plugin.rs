@@ -439,6 +439,27 @@ async fn kubectl_castellan_reads_and_drives_a_cluster() {
         "Completed"
     );
 
+    // backup with its standard error a pipe nobody reads any more (a wrapper that
+    // stopped listening): the progress lines fail with EPIPE, and the wait still ends
+    // well with the result on stdout.
+    let mut child = Command::new(plugin.program())
+        .args(["-n", &ns, "backup", CLUSTER, "--name", "quiet"])
+        .env("KUBECONFIG", kubeconfig_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running kubectl-castellan");
+    drop(child.stderr.take());
+    let output = child
+        .wait_with_output()
+        .expect("waiting for kubectl-castellan");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{:?}: {stdout}", output.status);
+    assert!(
+        stdout.contains("backup quiet of shop completed"),
+        "{stdout}"
+    );
+
     // backup on a terminal: a tmux pane of 100×12; its bar while it runs and at the end.
     let tmux = Tmux(format!("castellan-plugin-{}", std::process::id()));
     let command = format!(

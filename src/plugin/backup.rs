@@ -4,7 +4,7 @@
 //! or a CI job). Exits non-zero with the reason when the backup fails. Interrupting
 //! the plugin does not stop the backup: the operator carries on with the object.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -150,7 +150,9 @@ impl Display {
                     Progress::Failed(reason) => format!("backup {name}: Failed: {reason}"),
                 };
                 if last.as_ref() != Some(&line) {
-                    eprintln!("{line}");
+                    // Progress only: a closed stderr must not stop the wait (eprintln
+                    // would panic on it).
+                    let _ = writeln!(std::io::stderr(), "{line}");
                     *last = Some(line);
                 }
             }
