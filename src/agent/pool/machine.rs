@@ -573,6 +573,23 @@ mod tests {
         }
     }
 
+    /// The node's entry when nothing was built, for `blocked`.
+    fn blocked_status(
+        decision: &Decision,
+        missing_paths: &[(String, String)],
+        blocked: &Blocked,
+    ) -> PoolNodeStatus {
+        node_status(
+            "n1",
+            decision,
+            missing_paths,
+            &Outcome {
+                blocked: Some(blocked),
+                ..Default::default()
+            },
+        )
+    }
+
     fn show(paths: &[Option<&str>]) -> Show {
         Show {
             label: Some("castellan-p".into()),
@@ -711,17 +728,13 @@ mod tests {
     fn every_member_missing_is_failed_saying_how_to_go_on() {
         let d = decision(vec![], &["a", "b"], Ok(()));
         let blocked = Blocked::MembersMissing(vec!["a".into(), "b".into()]);
-        let status = node_status(
-            "n1",
+        let status = blocked_status(
             &d,
             &[
                 ("a".into(), "/dev/l0".into()),
                 ("b".into(), "/dev/l1".into()),
             ],
-            &Outcome {
-                blocked: Some(&blocked),
-                ..Default::default()
-            },
+            &blocked,
         );
         assert_eq!(status.health.as_deref(), Some(FAILED));
         assert_eq!(
@@ -735,15 +748,7 @@ mod tests {
         let states: Vec<_> = status.disks.iter().map(|d| d.state.as_deref()).collect();
         assert_eq!(states, [Some("Missing"), Some("Missing")]);
         let one = Blocked::MembersMissing(vec!["a".into()]);
-        let status = node_status(
-            "n1",
-            &decision(vec![], &["a"], Ok(())),
-            &[],
-            &Outcome {
-                blocked: Some(&one),
-                ..Default::default()
-            },
-        );
+        let status = blocked_status(&decision(vec![], &["a"], Ok(())), &[], &one);
         assert_eq!(
             status.message.as_deref(),
             Some(
@@ -1014,15 +1019,7 @@ mod tests {
             reason: "has an ext4 filesystem (allowWipe is off)".into(),
         });
         let blocked = Blocked::Shortfall(shortfall);
-        let status = node_status(
-            "n1",
-            &d,
-            &[],
-            &Outcome {
-                blocked: Some(&blocked),
-                ..Default::default()
-            },
-        );
+        let status = blocked_status(&d, &[], &blocked);
         assert_eq!(status.health.as_deref(), Some(PENDING));
         assert_eq!(
             status.message.as_deref(),
