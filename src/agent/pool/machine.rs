@@ -573,6 +573,17 @@ mod tests {
         }
     }
 
+    /// The plan for pool `p` with nothing of its filesystem found and nothing to repair.
+    fn plan_absent(layout: Layout, decision: &Decision) -> Result<Vec<Step>, Blocked> {
+        plan(
+            "p",
+            layout,
+            decision,
+            &Filesystem::Absent,
+            &Repair::default(),
+        )
+    }
+
     /// The node's entry when nothing was built, for `blocked`.
     fn blocked_status(
         decision: &Decision,
@@ -667,13 +678,7 @@ mod tests {
             Err(shortfall.clone()),
         );
         assert_eq!(
-            plan(
-                "p",
-                Layout::Raid1,
-                &d,
-                &Filesystem::Absent,
-                &Repair::default()
-            ),
+            plan_absent(Layout::Raid1, &d),
             Err(Blocked::Shortfall(shortfall))
         );
     }
@@ -690,13 +695,7 @@ mod tests {
             Ok(()),
         );
         assert_eq!(
-            plan(
-                "p",
-                Layout::Raid1,
-                &d,
-                &Filesystem::Absent,
-                &Repair::default()
-            ),
+            plan_absent(Layout::Raid1, &d),
             Err(Blocked::MembersMissing(vec!["a".into(), "b".into()]))
         );
         // Nothing runs, so nothing is marked Claimed either.
@@ -713,13 +712,7 @@ mod tests {
             }),
         );
         assert_eq!(
-            plan(
-                "p",
-                Layout::Single,
-                &none,
-                &Filesystem::Absent,
-                &Repair::default()
-            ),
+            plan_absent(Layout::Single, &none),
             Err(Blocked::MembersMissing(vec!["a".into()]))
         );
     }
