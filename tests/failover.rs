@@ -20,7 +20,7 @@ use support::cluster::{
 };
 use support::faults::{
     Writer, instance_manager_pid, instance_processes, node, node_of, postmaster_pid, read_missing,
-    reported_roles, restarts, signal,
+    reported_roles, restarts, signal, volume_path,
 };
 use support::{TestNamespace, client, kubectl_ok};
 
@@ -30,6 +30,10 @@ const CLUSTER: &str = "shop";
 /// The faults the suite injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
+    /// The first instance's node restarts with that instance's volume empty (its disk
+    /// replaced under the same path). Its pod was created allowing initdb, when the
+    /// cluster was new: it must be filled from the primary, never initialised.
+    EmptyFirstVolume,
     KillPrimaryPostgres,
     KillPrimaryManager,
     StopPrimaryNode,
@@ -39,7 +43,9 @@ enum Fault {
     KillReplica,
 }
 
-const ALL: [Fault; 7] = [
+const ALL: [Fault; 8] = [
+    // First, while the first instance's pod is still the one made at creation.
+    Fault::EmptyFirstVolume,
     Fault::KillPrimaryPostgres,
     Fault::KillPrimaryManager,
     Fault::StopPrimaryNode,
@@ -166,6 +172,30 @@ impl Suite {
         let primary = self.primary();
         self.writer.take_longest_gap();
         match fault {
+            Fault::EmptyFirstVolume => {
+                let first = format!("{CLUSTER}-1");
+                let node_name = node_of(&self.ns, &first);
+                let volume = volume_path(&self.ns, &first);
+                let alone = instance_addresses(&self.ns, CLUSTER)
+                    .into_iter()
+                    .all(|(pod, _)| pod == first || node_of(&self.ns, &pod) != node_name);
+                node("stop", &node_name);
+                // (With another quorum member on that node the failover waits for the
+                // node instead, as StopPrimaryNode shows.)
+                if first == primary && alone {
+                    self.wait_for_new_primary(&primary, Instant::now()).await;
+                }
+                for entry in std::fs::read_dir(&volume).expect("the volume's directory") {
+                    let path = entry.expect("a volume entry").path();
+                    let removed = if path.is_dir() {
+                        std::fs::remove_dir_all(&path)
+                    } else {
+                        std::fs::remove_file(&path)
+                    };
+                    removed.unwrap_or_else(|e| panic!("emptying {}: {e}", path.display()));
+                }
+                node("start", &node_name);
+            }
             Fault::KillPrimaryPostgres => {
                 let pid = postmaster_pid(&self.ns, &primary).expect("the primary's postmaster");
                 signal(pid, "KILL");

@@ -118,6 +118,13 @@ pub struct InstanceArgs {
     /// never had data. Without it, a primary on an empty volume waits for the operator.
     #[arg(long, env = "CASTELLAN_ALLOW_INITDB", default_value_t = false, action = clap::ArgAction::Set)]
     pub allow_initdb: bool,
+    /// `true` once the operator marked the pod: the cluster has had data since it was
+    /// created, so `--allow-initdb` no longer holds. The pod's
+    /// `castellan.io/initialized` annotation, read when the container starts; the
+    /// first instance's pod keeps its creation-time environment for its life, and an
+    /// emptied volume (a node back without its disk) must not be initialised again.
+    #[arg(long, env = "CASTELLAN_CLUSTER_INITIALIZED", default_value = "")]
+    pub cluster_initialized: String,
     /// The cluster is made from a backup: an empty volume waits for the operator's
     /// `POST /restore` (the first instance of a cluster with `bootstrap.recovery`).
     #[arg(long, env = "CASTELLAN_AWAIT_RESTORE", default_value_t = false, action = clap::ArgAction::Set)]
@@ -559,7 +566,15 @@ impl Instance {
     async fn fill(&self) -> anyhow::Result<Option<Role>> {
         let data_dir = &self.args.data_dir;
         private_dir(data_dir).await?;
-        match (self.args.role, self.args.allow_initdb) {
+        let allowed = initdb_allowed(self.args.allow_initdb, &self.args.cluster_initialized);
+        if self.args.allow_initdb && !allowed {
+            tracing::warn!(
+                data_dir = %data_dir.display(),
+                "the volume is empty, but the cluster has had data: not running initdb; \
+                 waiting for the operator to fill it from the primary"
+            );
+        }
+        match (self.args.role, allowed) {
             (StartRole::Primary, true) => {
                 tracing::info!(data_dir = %data_dir.display(), "creating an empty cluster with initdb");
                 bootstrap::initdb(&self.binaries, data_dir, &self.args.superuser_password_file)
@@ -1528,6 +1543,12 @@ impl Supervisor {
     }
 }
 
+/// Whether an empty volume may be initialised: the pod was created allowing it, and
+/// the operator has not marked it since as of a cluster that has had data.
+fn initdb_allowed(allow_initdb: bool, cluster_initialized: &str) -> bool {
+    allow_initdb && cluster_initialized != "true"
+}
+
 /// The path of this executable as a command PostgreSQL can run. Linux names an
 /// executable replaced on disk after it started `PATH (deleted)`; the file now at PATH
 /// (a rebuilt development binary: images never change under a running container) is
@@ -2003,6 +2024,16 @@ async fn heartbeat(shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn initdb_only_while_the_pod_allows_it_and_is_not_marked_initialized() {
+        assert!(initdb_allowed(true, ""));
+        // The first pod of a cluster keeps `--allow-initdb` for life; the mark the
+        // operator puts on it once the cluster has data withdraws it.
+        assert!(!initdb_allowed(true, "true"));
+        assert!(!initdb_allowed(false, ""));
+        assert!(!initdb_allowed(false, "true"));
+    }
 
     #[test]
     fn a_replaced_executable_is_run_by_its_path() {

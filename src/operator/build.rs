@@ -32,6 +32,10 @@ use crate::pki::Issued;
 
 /// Label of a pod: `primary` or `replica`; the Services select on it.
 pub const ROLE_LABEL: &str = "castellan.io/role";
+/// On an instance pod once its cluster has had data (`"true"`): its instance manager
+/// reads it when its container starts and then never runs initdb, whatever the pod was
+/// created with.
+pub const INITIALIZED_ANNOTATION: &str = "castellan.io/initialized";
 /// The image every database pod runs (the instance manager with PostgreSQL).
 pub const IMAGE: &str = "ghcr.io/castellan-io/castellan";
 pub const POSTGRES_PORT: i32 = 5432;
@@ -628,6 +632,10 @@ pub fn pod(
                     } else {
                         "false"
                     },
+                ),
+                field_env(
+                    "CASTELLAN_CLUSTER_INITIALIZED",
+                    &format!("metadata.annotations['{INITIALIZED_ANNOTATION}']"),
                 ),
                 env(
                     "CASTELLAN_AWAIT_RESTORE",
@@ -1399,6 +1407,19 @@ mod tests {
             .collect();
         assert_eq!(env["CASTELLAN_ROLE"].as_deref(), Some("replica"));
         assert_eq!(env["CASTELLAN_ALLOW_INITDB"].as_deref(), Some("false"));
+        // Read when the container starts, not fixed at creation: the mark withdraws
+        // initdb from a pod created allowing it.
+        let initialized = container
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "CASTELLAN_CLUSTER_INITIALIZED")
+            .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
+            .map(|field| field.field_path.clone());
+        assert_eq!(
+            initialized.as_deref(),
+            Some("metadata.annotations['castellan.io/initialized']")
+        );
         assert_eq!(
             env["CASTELLAN_MAX_SLOT_WAL_KEEP_SIZE"].as_deref(),
             Some("256MB"),

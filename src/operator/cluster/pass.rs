@@ -520,6 +520,17 @@ async fn enact(
         tracing::info!(cluster = %name, pod = %pod_name, role = role.as_str(), "relabelled instance");
     }
 
+    for pod_name in &plan.mark_initialized {
+        let patch = json!({"metadata": {"annotations": {build::INITIALIZED_ANNOTATION: "true"}}});
+        pods.patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_error(
+                format!("marking pod {pod_name} initialized"),
+                cluster,
+            ))?;
+        tracing::info!(cluster = %name, pod = %pod_name, "marked instance: its cluster has had data");
+    }
+
     for creation in &plan.create {
         // The plan creates nothing without an image.
         let Some(runs) = runs else { break };

@@ -130,6 +130,9 @@ pub struct Plan {
     /// Pods whose role label is not the one they should carry, with that role, in
     /// instance order. The Services select on the label.
     pub relabel: Vec<(String, StartRole)>,
+    /// Pods to mark as of a cluster that has had data (`INITIALIZED_ANNOTATION`), so
+    /// that their instance managers never run initdb on an emptied volume.
+    pub mark_initialized: Vec<String>,
     /// Missing instances to create, in instance order.
     pub create: Vec<Creation>,
     /// Surplus instances to remove with their volume claims (named like their pods),
@@ -344,6 +347,11 @@ pub fn plan(order: &ConvergeOrder, observed: &Observed) -> Plan {
     };
     Plan {
         relabel: relabels(order, observed, primary),
+        mark_initialized: if initialized {
+            unmarked(observed)
+        } else {
+            Vec::new()
+        },
         converged: Converged {
             members: members(order, observed, primary, &create, &remove),
             ready: all_ready,
@@ -519,6 +527,21 @@ fn initialized(order: &ConvergeOrder) -> bool {
         .and_then(|s| s.initialized)
         .unwrap_or(false)
         || order.views.iter().any(|v| v.role.is_some())
+}
+
+/// The pods that do not say yet that their cluster has had data.
+fn unmarked(observed: &Observed) -> Vec<String> {
+    observed
+        .pods
+        .values()
+        .filter(|pod| {
+            pod.annotations()
+                .get(build::INITIALIZED_ANNOTATION)
+                .map(String::as_str)
+                != Some("true")
+        })
+        .map(ResourceExt::name_any)
+        .collect()
 }
 
 /// -rw follows the primary's label: only the primary has it, and nobody while a
@@ -1237,6 +1260,30 @@ mod tests {
             plan(&order, &observed(starting)).status.initialized,
             Some(true)
         );
+    }
+
+    #[test]
+    fn once_initialized_every_unmarked_pod_is_marked_once() {
+        let mut order = order(cluster(2, false, &[]));
+        let mut marked = pod(2, StartRole::Replica, false);
+        marked
+            .annotations_mut()
+            .insert(build::INITIALIZED_ANNOTATION.into(), "true".into());
+        let pods = BTreeMap::from([(1, pod(1, StartRole::Primary, false)), (2, marked)]);
+        // A new cluster: nothing has data yet, nothing is marked.
+        order.views = vec![InstanceView {
+            role: None,
+            ..view("db-1", &[])
+        }];
+        assert!(
+            plan(&order, &observed(pods.clone()))
+                .mark_initialized
+                .is_empty()
+        );
+        // The first instance has data: the pod that lacks the mark gets it, the
+        // other already has it.
+        order.views = vec![primary_view(&[], "")];
+        assert_eq!(plan(&order, &observed(pods)).mark_initialized, ["db-1"]);
     }
 
     #[test]
