@@ -273,14 +273,25 @@ async fn claimed_path(
         .await
         .with_context(|| format!("reading PersistentVolume {volume_name}"))?;
     let spec = volume.spec.unwrap_or_default();
+    if let Some(local) = spec.local {
+        // A local PV's directory must exist, as on a real node (the kubelet's "path
+        // does not exist"): a volume whose disk is gone is never replaced by an empty
+        // directory on the node's root filesystem.
+        let path = PathBuf::from(local.path);
+        if !path.is_dir() {
+            bail!(
+                "PersistentVolume {volume_name}: local path {} does not exist",
+                path.display()
+            );
+        }
+        return Ok(path);
+    }
     let path = spec
-        .local
-        .map(|local| local.path)
-        .or(spec.host_path.map(|host_path| host_path.path))
+        .host_path
+        .map(|host_path| PathBuf::from(host_path.path))
         .with_context(|| format!("PersistentVolume {volume_name} is neither local nor hostPath"))?;
-    let path = PathBuf::from(path);
+    // hostPath ones are created.
     if !path.is_dir() {
-        // A local PV's directory must exist, as on a real node; hostPath ones are created.
         create_dir(&path, 0o755)
             .with_context(|| format!("PersistentVolume {volume_name}'s directory"))?;
     }

@@ -466,6 +466,61 @@ spec:
     // The mount was the container's own: the host has no /var/lib/data/proof.
     assert!(!std::path::Path::new("/var/lib/data/proof").exists());
     cluster.kubectl(&["delete", "pod", "-n", ns, "writer", "--wait=true"]);
+
+    // The directory gone (its disk lost): a pod of the claim does not start on an
+    // empty directory made in its place, as a kubelet does not; it waits, saying why,
+    // and starts once the directory is back.
+    std::fs::remove_dir_all(&directory).expect("removing the PV's directory");
+    let reader = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: reader}}
+spec:
+  restartPolicy: Never
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, 'test -e /var/lib/data/back; : {ns}']
+    volumeMounts: [{{name: data, mountPath: /var/lib/data}}]
+"#
+    );
+    cluster.apply(ns, &reader);
+    let refused = wait_until(Duration::from_secs(30), "a FailedMount Event", || {
+        cluster
+            .try_kubectl(&[
+                "get",
+                "events",
+                "-n",
+                ns,
+                "--field-selector",
+                "reason=FailedMount",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ])
+            .filter(|messages| messages.contains("does not exist"))
+    });
+    println!("a lost local volume: {refused}");
+    assert!(
+        !directory.exists(),
+        "the node made the lost directory again"
+    );
+    assert_ne!(
+        cluster
+            .jsonpath(ns, "pod/reader", "{.status.phase}")
+            .as_deref(),
+        Some("Succeeded")
+    );
+    std::fs::create_dir_all(&directory).expect("bringing the PV's directory back");
+    std::fs::write(directory.join("back"), "").expect("marking it");
+    let phase = wait_until(Duration::from_secs(60), "the reader to finish", || {
+        cluster
+            .jsonpath(ns, "pod/reader", "{.status.phase}")
+            .filter(|phase| phase == "Succeeded" || phase == "Failed")
+    });
+    assert_eq!(phase, "Succeeded", "it ran on the directory that came back");
+    cluster.kubectl(&["delete", "pod", "-n", ns, "reader", "--wait=true"]);
     cluster.kubectl(&["delete", "pvc", "-n", ns, "data", "--wait=true"]);
     cluster.kubectl(&["delete", "pv", ns, "--wait=true"]);
     cluster.kubectl(&["delete", "storageclass", &class]);
