@@ -15,7 +15,7 @@ use castellan_crds::storage_pool::StoragePool;
 use futures::future::BoxFuture;
 use tokio::runtime::Handle;
 
-use super::lifecycle::{MemberEffect, MemberEvent, PassEnd, PoolMember, StepKind};
+use super::lifecycle::{MemberEffect, MemberEvent, OnStep, PassEnd, PoolMember};
 use super::shell::{Labels, Pools};
 use crate::agent::children::{Ask, NodeInbox, run_pass};
 use crate::agent::disk::observe::Observed;
@@ -30,8 +30,6 @@ pub struct PoolRequest {
 
 pub type PoolMemberMachine = PoolMember<PoolRequest>;
 
-/// Where a running pass reports the steps it starts.
-pub type OnStep = Arc<dyn Fn(StepKind) + Send + Sync>;
 pub type PoolMemberActor = MachineActor<PoolMemberMachine, PoolMemberEffects>;
 
 /// The work of a pool's actor (its passes) and of its supervisor's sink (marking the
@@ -167,7 +165,7 @@ mod tests {
 
     use super::*;
     use crate::agent::children::{Ask, Next};
-    use crate::agent::pool::lifecycle::{MemberPhase, MemberState, Settled};
+    use crate::agent::pool::lifecycle::{MemberPhase, MemberState, Settled, StepKind};
 
     /// Counts the passes, of which pool `bad`'s fail, and records the entries the sink
     /// marks `Failed`.

@@ -14,6 +14,7 @@
 
 use std::fmt::{self, Debug};
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use castellan_actors::StateMachine;
 
@@ -94,6 +95,9 @@ impl StepKind {
         }
     }
 }
+
+/// Where a running pass reports the steps it starts.
+pub type OnStep = Arc<dyn Fn(StepKind) + Send + Sync>;
 
 /// Where a pass that ended left the node's part of the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -30,11 +30,10 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::actor::OnStep;
 use super::claim::{self, Candidate};
 use super::deletion;
 use super::health;
-use super::lifecycle::{PassEnd, Settled, StepKind};
+use super::lifecycle::{OnStep, PassEnd, Settled, StepKind};
 use super::machine::{self as pool, Blocked, Filesystem, Outcome, Repair, Step};
 use super::replace::{Ended, Progress, Replacements};
 use super::scrub::{self, Scrubs};
@@ -173,11 +172,11 @@ impl Pools {
         pool: &StoragePool,
         labels: &Labels,
         observed: &[Observed],
-        progress: OnStep,
+        on_step: OnStep,
     ) -> Result<PassEnd, PoolsError> {
         let _storage = self.storage.lock().await;
         if pool.metadata.deletion_timestamp.is_some() {
-            return self.delete(pool, observed, &progress).await;
+            return self.delete(pool, observed, &on_step).await;
         }
         let settled = |settled| PassEnd {
             settled,
@@ -197,7 +196,7 @@ impl Pools {
         }
         let devices = self.devices().await?;
         let (look_in, settled) = self
-            .reconcile_pool(pool, observed, &devices, progress)
+            .reconcile_pool(pool, observed, &devices, on_step)
             .await?;
         Ok(PassEnd {
             settled,
@@ -228,7 +227,7 @@ impl Pools {
         &self,
         pool: &StoragePool,
         observed: &[Observed],
-        progress: &OnStep,
+        on_step: &OnStep,
     ) -> Result<PassEnd, PoolsError> {
         let deleting = PassEnd {
             settled: Settled::Deleting,
@@ -305,7 +304,7 @@ impl Pools {
             deletion::Deletion::Release(steps) => steps,
         };
         if !steps.is_empty() {
-            progress(StepKind::Release);
+            on_step(StepKind::Release);
             tracing::info!(node = %self.node, pool = %name, ?steps, "releasing the deleted pool");
             self.apply_deleting(
                 pool,
@@ -662,7 +661,7 @@ impl Pools {
                 pool: name.clone(),
                 mount_path: mount_path.clone(),
                 replacements: self.replacements.clone(),
-                progress: on_step,
+                on_step,
             };
             let to_run = steps.clone();
             match blocking(Err("the pool steps panicked".to_string()), move || {
@@ -947,7 +946,7 @@ impl Pools {
         observed: &[Observed],
         mount_path: &Path,
         ended: Ended,
-        progress: &OnStep,
+        on_step: &OnStep,
     ) -> Result<(), PoolsError> {
         let name = pool.name_any();
         let what = format!(
@@ -1001,7 +1000,7 @@ impl Pools {
             pool: name.clone(),
             mount_path: mount_path.to_path_buf(),
             replacements: self.replacements.clone(),
-            progress: progress.clone(),
+            on_step: on_step.clone(),
         };
         let steps = [
             Step::Resize {
@@ -1308,7 +1307,7 @@ struct Run {
     mount_path: PathBuf,
     replacements: Arc<Replacements>,
     /// Told each step as it starts.
-    progress: OnStep,
+    on_step: OnStep,
 }
 
 impl Run {
@@ -1319,12 +1318,12 @@ impl Run {
             pool,
             mount_path,
             replacements,
-            progress,
+            on_step,
         } = self;
         let mount = mount_path.to_string_lossy().into_owned();
         for step in steps {
             let _span = tracing::info_span!("pool step", ?step).entered();
-            progress(StepKind::of(step));
+            on_step(StepKind::of(step));
             match step {
                 Step::Wipe { path, block_device } => {
                     still_the_disk(node, path, block_device, &Sources::default())?;
