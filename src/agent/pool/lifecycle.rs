@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use castellan_actors::StateMachine;
 
-use super::machine::Step;
+use super::machine::{DEGRADED, HEALTHY, Step};
 use crate::agent::children::Next;
 use crate::agent::serial::{Serial, SerialEffect, SerialEvent, SerialState};
 
@@ -114,6 +114,18 @@ pub enum Settled {
 }
 
 impl Settled {
+    /// From the node's entry a pass wrote: nothing built (`blocked`), a replacement
+    /// running, else its health (`Pending`: nothing claimed yet, so blocked too).
+    pub fn of(blocked: bool, replacing: bool, health: Option<&str>) -> Self {
+        match (blocked, replacing, health) {
+            (true, _, _) => Self::Blocked,
+            (false, true, _) => Self::Replacing,
+            (false, false, Some(HEALTHY)) => Self::Healthy,
+            (false, false, Some(DEGRADED)) => Self::Degraded,
+            _ => Self::Blocked,
+        }
+    }
+
     const fn phase(self) -> MemberPhase {
         match self {
             Self::Blocked => MemberPhase::Blocked,
@@ -438,6 +450,16 @@ mod tests {
             // A step from the dead pass moves no phase: the pass is no longer running.
             assert_eq!((state, effects), (failed.clone(), vec![]));
         }
+    }
+
+    #[test]
+    fn a_pass_settles_by_what_it_wrote() {
+        assert_eq!(Settled::of(true, false, Some(HEALTHY)), Settled::Blocked);
+        assert_eq!(Settled::of(false, true, Some(DEGRADED)), Settled::Replacing);
+        assert_eq!(Settled::of(false, false, Some(HEALTHY)), Settled::Healthy);
+        assert_eq!(Settled::of(false, false, Some(DEGRADED)), Settled::Degraded);
+        assert_eq!(Settled::of(false, false, Some("Pending")), Settled::Blocked);
+        assert_eq!(Settled::of(false, false, None), Settled::Blocked);
     }
 
     #[test]

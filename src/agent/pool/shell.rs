@@ -820,18 +820,11 @@ impl Pools {
                 message,
             });
         }
-        let settled = if blocked.is_some() {
-            Settled::Blocked
-        } else if replacement.is_some() {
-            Settled::Replacing
-        } else {
-            match status.health.as_deref() {
-                Some(pool::HEALTHY) => Settled::Healthy,
-                Some(pool::DEGRADED) => Settled::Degraded,
-                // Pending: nothing claimed yet.
-                _ => Settled::Blocked,
-            }
-        };
+        let settled = Settled::of(
+            blocked.is_some(),
+            replacement.is_some(),
+            status.health.as_deref(),
+        );
         let look = [look_in, background, scrub_look]
             .into_iter()
             .flatten()
