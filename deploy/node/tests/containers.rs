@@ -10,18 +10,6 @@ use std::time::{Duration, Instant};
 
 use cluster::{Cluster, wait_until};
 
-fn wait_phase(cluster: &Cluster, namespace: &str, pod: &str) -> String {
-    wait_until(
-        Duration::from_secs(60),
-        &format!("pod {pod} to finish"),
-        || {
-            cluster
-                .jsonpath(namespace, &format!("pod/{pod}"), "{.status.phase}")
-                .filter(|phase| phase == "Succeeded" || phase == "Failed")
-        },
-    )
-}
-
 #[test]
 fn environment_config_volumes_and_init_containers() {
     let cluster = Cluster::get();
@@ -96,7 +84,7 @@ spec:
 "#
         ),
     );
-    assert_eq!(wait_phase(&cluster, ns, "inspect"), "Succeeded");
+    assert_eq!(cluster.wait_finished(ns, "inspect"), "Succeeded");
     let ip = cluster
         .jsonpath(ns, "pod/inspect", "{.status.podIP}")
         .expect("the pod exists");
@@ -201,18 +189,7 @@ spec:
 
     // And says so, as a kubelet does, in Events.
     let unhealthy = wait_until(Duration::from_secs(15), "an Unhealthy event", || {
-        cluster
-            .try_kubectl(&[
-                "get",
-                "events",
-                "-n",
-                ns,
-                "--field-selector",
-                "reason=Unhealthy,involvedObject.name=unhealthy",
-                "-o",
-                "jsonpath={.items[*].message}",
-            ])
-            .filter(|notes| !notes.is_empty())
+        cluster.event_messages(ns, "reason=Unhealthy,involvedObject.name=unhealthy")
     });
     assert!(
         unhealthy.contains("Liveness probe failed"),
@@ -364,7 +341,7 @@ spec:
 "#
         ),
     );
-    assert_eq!(wait_phase(&cluster, ns, "client"), "Succeeded");
+    assert_eq!(cluster.wait_finished(ns, "client"), "Succeeded");
     let logs = cluster.kubectl(&["logs", "-n", ns, "client"]);
     assert!(
         logs.contains(&format!(

@@ -442,11 +442,7 @@ spec:
 "#
         ),
     );
-    let phase = wait_until(Duration::from_secs(60), "the pod to finish", || {
-        cluster
-            .jsonpath(ns, "pod/writer", "{.status.phase}")
-            .filter(|phase| phase == "Succeeded" || phase == "Failed")
-    });
+    let phase = cluster.wait_finished(ns, "writer");
     assert_eq!(phase, "Succeeded");
     assert_eq!(
         cluster
@@ -489,16 +485,7 @@ spec:
     cluster.apply(ns, &reader);
     let refused = wait_until(Duration::from_secs(30), "a FailedMount Event", || {
         cluster
-            .try_kubectl(&[
-                "get",
-                "events",
-                "-n",
-                ns,
-                "--field-selector",
-                "reason=FailedMount",
-                "-o",
-                "jsonpath={.items[*].message}",
-            ])
+            .event_messages(ns, "reason=FailedMount")
             .filter(|messages| messages.contains("does not exist"))
     });
     println!("a lost local volume: {refused}");
@@ -514,11 +501,7 @@ spec:
     );
     std::fs::create_dir_all(&directory).expect("bringing the PV's directory back");
     std::fs::write(directory.join("back"), "").expect("marking it");
-    let phase = wait_until(Duration::from_secs(60), "the reader to finish", || {
-        cluster
-            .jsonpath(ns, "pod/reader", "{.status.phase}")
-            .filter(|phase| phase == "Succeeded" || phase == "Failed")
-    });
+    let phase = cluster.wait_finished(ns, "reader");
     assert_eq!(phase, "Succeeded", "it ran on the directory that came back");
     cluster.kubectl(&["delete", "pod", "-n", ns, "reader", "--wait=true"]);
     cluster.kubectl(&["delete", "pvc", "-n", ns, "data", "--wait=true"]);

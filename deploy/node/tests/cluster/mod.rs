@@ -159,6 +159,34 @@ impl Cluster {
         ])
     }
 
+    /// Waits up to 60 s until pod `pod` has finished; its phase (`Succeeded`, `Failed`).
+    pub fn wait_finished(&self, namespace: &str, pod: &str) -> String {
+        wait_until(
+            Duration::from_secs(60),
+            &format!("pod {pod} to finish"),
+            || {
+                self.jsonpath(namespace, &format!("pod/{pod}"), "{.status.phase}")
+                    .filter(|phase| phase == "Succeeded" || phase == "Failed")
+            },
+        )
+    }
+
+    /// The messages of the namespace's Events that `field_selector` selects, space
+    /// separated; None while there is none.
+    pub fn event_messages(&self, namespace: &str, field_selector: &str) -> Option<String> {
+        self.try_kubectl(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            field_selector,
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .filter(|messages| !messages.is_empty())
+    }
+
     /// Names of the pods matching `selector` that are Ready.
     pub fn ready_pods(&self, namespace: &str, selector: &str) -> Vec<(String, String, String)> {
         let mut args = vec!["get", "pods", "-n", namespace];
