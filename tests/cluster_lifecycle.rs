@@ -319,6 +319,7 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
     assert_eq!(work_mem_everywhere(&ns).await, vec!["8MB", "8MB"]);
 
     // A replica whose volume is lost is rebuilt from the primary.
+    let lost = jsonpath("pvc", "shop-2", &ns, "{.metadata.uid}");
     kubectl_ok(&["delete", "pvc", "shop-2", "-n", &ns, "--wait=false"]);
     kubectl_ok(&[
         "delete",
@@ -333,8 +334,16 @@ async fn scale_up_through_an_operator_failover_then_down_change_parameters_and_r
         "the replica rebuilt on a new volume and the cluster Ready",
         Duration::from_secs(180),
         || {
+            // A new claim (the old one may linger while its finalizer goes), and the
+            // status read with every pod running again: a Ready/2 written before the
+            // operator saw the deletion would otherwise pass.
+            let claim = jsonpath("pvc", "shop-2", &ns, "{.metadata.uid}");
             phase_and_ready(&ns, "shop") == "Ready/2"
-                && !jsonpath("pvc", "shop-2", &ns, "{.metadata.uid}").is_empty()
+                && !claim.is_empty()
+                && claim != lost
+                && instance_addresses(&ns, "shop")
+                    .iter()
+                    .all(|(_, ip)| !ip.is_empty())
         },
         diagnostics,
     );
