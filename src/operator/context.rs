@@ -43,9 +43,23 @@ pub struct Shared {
 /// every cluster actor together, and each one's first pass reads and applies its
 /// objects. Unbounded, the memory of all of them in flight at once stays with the
 /// process as the heap's peak (docs/benchmarks.md, "Restarting onto 100 clusters").
-/// A pass talks only to the API server, in milliseconds; a waiting pass holds nothing.
-/// This is controller-runtime's `MaxConcurrentReconciles` for the cluster controller.
+/// A pass talks only to the API server, in milliseconds; a waiting pass holds next to
+/// nothing ([`in_slot`]). This is controller-runtime's `MaxConcurrentReconciles` for the
+/// cluster controller.
 pub const CONCURRENT_PASSES: usize = 8;
+
+/// Runs the work `make` returns once one of `slots` is free. The work's future is made
+/// and boxed only then: a pass's future holds the state of every step it may take (tens
+/// of KiB), and a hundred clusters' first passes queued for a slot would otherwise hold
+/// all of them at once, the heap's peak that stays with the process.
+pub async fn in_slot<F: Future>(
+    slots: &tokio::sync::Semaphore,
+    make: impl FnOnce() -> F,
+) -> F::Output {
+    // Never closed; the work runs without a permit rather than not at all.
+    let _permit = slots.acquire().await.ok();
+    Box::pin(make()).await
+}
 
 impl Shared {
     pub fn new(
@@ -182,7 +196,7 @@ pub fn key(cluster: &DatabaseCluster) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::action;
+    use super::{action, in_slot};
 
     #[test]
     fn only_the_same_message_makes_a_series() {
@@ -192,5 +206,33 @@ mod tests {
         assert!(first.starts_with("CARotationStarted-"), "{first}");
         // The API's limit for an Event's action.
         assert!(action(&"R".repeat(100), &"m".repeat(10_000)).len() <= 128);
+    }
+
+    #[tokio::test]
+    async fn work_waiting_for_a_slot_is_not_made_until_it_may_run() {
+        async fn large() -> usize {
+            let buffer = [7u8; 64 * 1024];
+            tokio::task::yield_now().await;
+            buffer.iter().map(|&b| usize::from(b)).sum()
+        }
+        let slots = tokio::sync::Semaphore::new(1);
+        let held = slots.acquire().await.expect("a slot");
+        let made = std::sync::atomic::AtomicBool::new(false);
+        let waiting = in_slot(&slots, || {
+            made.store(true, std::sync::atomic::Ordering::SeqCst);
+            large()
+        });
+        assert!(std::mem::size_of_val(&large()) > 64 * 1024);
+        assert!(
+            std::mem::size_of_val(&waiting) < 1024,
+            "a waiting pass holds {} bytes",
+            std::mem::size_of_val(&waiting)
+        );
+        let mut waiting = Box::pin(waiting);
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        assert!(!made.load(std::sync::atomic::Ordering::SeqCst));
+        drop(held);
+        assert_eq!(waiting.await, 7 * 64 * 1024);
+        assert!(made.load(std::sync::atomic::Ordering::SeqCst));
     }
 }

@@ -23,7 +23,7 @@ use super::machine::ClusterMachine;
 use super::pass;
 use super::state::{ClusterEffect, ClusterEvent, ClusterState};
 use super::switchover::SWITCHOVER_ANNOTATION;
-use crate::operator::context::{Shared, key, object_reference, restart_policy};
+use crate::operator::context::{Shared, in_slot, key, object_reference, restart_policy};
 use crate::operator::metrics::Metrics;
 use crate::operator::replica::shell::{ReplicaActor, ReplicaEffects};
 use crate::operator::replica::{ReplicaEvent, ReplicaState};
@@ -146,12 +146,12 @@ impl Effects<ClusterMachine> for ClusterEffects {
                 let shared = self.shared.clone();
                 let span = tracing::info_span!("converge", cluster = %self.key);
                 self.spawn_io(span, async move {
-                    // Never closed; a pass runs without a permit rather than not at all.
-                    let _permit = shared.passes.acquire().await.ok();
-                    let outcome = shared
-                        .metrics
-                        .reconcile("cluster", pass::run(&order, &shared))
-                        .await;
+                    let outcome = in_slot(&shared.passes, || {
+                        shared
+                            .metrics
+                            .reconcile("cluster", pass::run(&order, &shared))
+                    })
+                    .await;
                     if let Err(error) = &outcome {
                         tracing::warn!(%error, "pass failed");
                     }
