@@ -168,7 +168,7 @@ bench-failover: controlplane
 # out). The operator and agent measured, and the 100 instance managers, are the release
 # build, as the images carry it: 100 debug-built managers alone take a core.
 bench-scale: controlplane otel
-	cargo build --release -p castellan --bin castellan
+	cargo build --release -p castellan --bins
 	cargo bench --profile dev -p castellan --bench scale --no-run
 	mkdir -p .dev
 	sed 's#/debug/castellan"#/release/castellan"#' deploy/node/images.yaml > .dev/bench-scale-images.yaml

@@ -256,8 +256,16 @@ fn operator_image_runs_castellan_as_the_operator_and_has_the_agents_tools() {
             &["/usr/local/bin/castellan", subcommand, "--help"],
         );
         assert!(
-            help.contains("Usage: castellan"),
+            help.contains(&format!("Usage: castellan {subcommand}")),
             "castellan {subcommand} --help: {help}"
+        );
+        // The role's own binary, which `castellan <role>` executes, is beside it and runs
+        // with the same options.
+        let binary = format!("/usr/local/bin/castellan-{subcommand}");
+        let own = image.run_ok(OPERATOR_UID, OPERATOR_UID, &[&binary, "--help"]);
+        assert!(
+            own.contains(&format!("Usage: castellan-{subcommand}")) && own.contains("--log-format"),
+            "{binary} --help: {own}"
         );
     }
 

@@ -37,9 +37,10 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     ];
     let logs: Vec<PathBuf> = operators.iter().map(|o| o.log.clone()).collect();
     let operator_log = || Operator::logs(&logs);
-    // The first runs with one malloc arena: it executed itself again with
-    // MALLOC_ARENA_MAX=1, keeping its pid and its arguments. The second keeps the
-    // value it was started with.
+    // Both were started as `castellan operator` and run the operator's own binary,
+    // castellan-operator beside it (a process maps only its role's code), keeping their
+    // pid and arguments. The first runs with one malloc arena: MALLOC_ARENA_MAX=1 was
+    // added as it executed that binary. The second keeps the value it was started with.
     for (operator, arenas) in operators.iter().zip(["1", "2"]) {
         wait_for(
             "the operator serves /healthz",
@@ -55,6 +56,14 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
                 .any(|var| var == format!("MALLOC_ARENA_MAX={arenas}").as_bytes()),
             "operator {} runs without MALLOC_ARENA_MAX={arenas}",
             operator.address
+        );
+        let exe = std::fs::read_link(proc.join("exe")).expect("the operator's executable");
+        assert_eq!(
+            exe.file_name().and_then(|name| name.to_str()),
+            Some("castellan-operator"),
+            "operator {} runs {}",
+            operator.address,
+            exe.display()
         );
         let cmdline = std::fs::read(proc.join("cmdline")).expect("the operator's arguments");
         assert!(

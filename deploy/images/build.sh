@@ -18,8 +18,10 @@
 # tool set). It depends only on this directory and the archive, so it is built once and
 # kept under $CASTELLAN_CACHE/images/base/ (--base-only builds just these, so that a
 # caller can make them while the binary compiles). The second layer is the castellan
-# binary at /usr/local/bin/castellan (its debug info stripped); the image config sets
-# the entrypoint, user, PATH and labels. umoci (Debian's package) writes the OCI layout.
+# binary at /usr/local/bin/castellan (its debug info stripped), and in the castellan
+# image also castellan-operator and castellan-agent from beside it (the roles' own
+# binaries, which `castellan operator|agent` execute: src/lib.rs, Role); the image
+# config sets the entrypoint, user, PATH and labels. umoci (Debian's package) writes the OCI layout.
 #
 # Reproducible: every timestamp is SOURCE_DATE_EPOCH (default: the time of the last
 # commit that touched this directory), mmdebstrap makes the same tarball from the same
@@ -188,18 +190,25 @@ build_base() {
 
 # Makes image $1's archive from its base layout and the binary, unless it is current.
 assemble() {
-  local name="$1" base="$2" out="$3" version="$4" tag ref key work soname postgres_version
+  local name="$1" base="$2" out="$3" version="$4" tag ref key work soname postgres_version program
   recipe "$name"
   case "$name" in castellan) tag="$version" ;; *) tag="$version-$name" ;; esac
   ref="ghcr.io/castellan-io/castellan:$tag"
-  key="$({ echo "$base" "$tag"; sha256sum "$binary"; cat "$here/build.sh"; } | sha256sum | cut -c1-16)"
+  local programs=("$binary")
+  if [[ $name == castellan ]]; then
+    for program in castellan-operator castellan-agent; do
+      [[ -x $(dirname "$binary")/$program ]] || fail "$name: no $program beside $binary (cargo build builds it with castellan)"
+      programs+=("$(dirname "$binary")/$program")
+    done
+  fi
+  key="$({ echo "$base" "$tag"; sha256sum "${programs[@]}"; cat "$here/build.sh"; } | sha256sum | cut -c1-16)"
   if [[ -f $out/$name.oci.tar && $(cat "$out/$name.key" 2>/dev/null) == "$key" ]]; then
     echo "$out/$name.oci.tar"
     return
   fi
-  # Every library the binary needs must be in the Debian layer.
-  for soname in $(readelf -d "$binary" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
-    grep -q "/$soname\$" "$base/files" || fail "$name: the binary needs $soname, which no package of the $suite layer provides"
+  # Every library the binaries need must be in the Debian layer.
+  for soname in $(for program in "${programs[@]}"; do readelf -d "$program"; done | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort -u); do
+    grep -q "/$soname\$" "$base/files" || fail "$name: the binaries need $soname, which no package of the $suite layer provides"
   done
   postgres_version=""
   if [[ -n $postgres_package ]]; then
@@ -214,7 +223,10 @@ assemble() {
   cp -al "$base/oci/blobs" "$work/oci/blobs"
   install -d -m 0755 "$work/layer/usr" "$work/layer/usr/local" "$work/layer/usr/local/bin"
   objcopy --strip-debug "$binary" "$work/layer/usr/local/bin/castellan"
-  chmod 0755 "$work/layer/usr/local/bin/castellan"
+  for program in "${programs[@]:1}"; do
+    objcopy --strip-debug "$program" "$work/layer/usr/local/bin/$(basename "$program")"
+  done
+  chmod 0755 "$work/layer/usr/local/bin/"*
   reproducible_tar -C "$work/layer" -cf "$work/castellan.tar" usr
   umoci raw add-layer --image "$work/oci:base" --tag "$tag" --history.created="$created" \
     --history.created_by="castellan $version at /usr/local/bin/castellan" "$work/castellan.tar"

@@ -1,0 +1,399 @@
+//! Castellan: the processes the architecture describes (operator, agent, instance
+//! manager) and the tools around them, as the subcommands of the `castellan` binary
+//! ([`main`]). The operator and the agent also have a binary each ([`role_main`]),
+//! which `castellan operator` and `castellan agent` execute when it is installed beside
+//! them: a process maps only its own role's code.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+mod agent;
+mod api_client;
+mod cadence;
+mod events;
+mod exposition;
+mod instance;
+mod instance_api;
+mod kube_ops;
+mod operator;
+mod pki;
+mod plugin;
+mod telemetry;
+mod upgrade;
+
+/// Castellan runs stateful data services on Kubernetes by itself.
+#[derive(Parser)]
+#[command(name = "castellan", version = VERSION)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print every CustomResourceDefinition as YAML, or write one file each.
+    Crds {
+        /// Write `<group>_<plural>.yaml` files into this directory instead of printing.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+    /// Print the version of this binary and of the API it serves.
+    Version,
+    /// Run the node agent: discover this node's disks and keep its BlockDevices current.
+    Agent(agent::AgentArgs),
+    /// Run the operator: the controllers.
+    Operator(operator::OperatorArgs),
+    /// Run the instance manager: PID 1 of a database pod.
+    Instance(Box<instance::InstanceArgs>),
+    /// The instance side of a PostgreSQL major upgrade (export the old binaries, run
+    /// pg_upgrade, roll back, forget the old data); the last line of stdout is a JSON
+    /// report.
+    Upgrade(upgrade::UpgradeArgs),
+    /// The kubectl plugin, `kubectl castellan` (this binary runs it by itself when
+    /// invoked as `kubectl-castellan`).
+    Plugin(plugin::PluginArgs),
+    /// Make Castellan's CA and issue its certificates as files (tests, debugging).
+    Pki(pki::cli::PkiArgs),
+    /// PostgreSQL's `archive_command`: hand a completed WAL file to the instance
+    /// manager, which stores it in the object store; exits 0 only once it is stored.
+    WalArchive {
+        /// The instance manager's archive socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The file, as PostgreSQL names it (`%p`: relative to the data directory).
+        file: PathBuf,
+    },
+    /// PostgreSQL's `restore_command`: have the instance manager fetch a WAL file from
+    /// the object store; exits 1 when the archive does not have it.
+    WalRestore {
+        /// The instance manager's archive socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The WAL file's name (`%f`).
+        file: String,
+        /// Where PostgreSQL wants it (`%p`: relative to the data directory).
+        dest: PathBuf,
+    },
+}
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The processes that have a binary of their own, `castellan-<role>`, beside
+/// `castellan`.
+///
+/// One binary for every role maps the code of all of them: the operator touched or
+/// faulted in 2.7 MiB more of the binary's pages than one linked with the operator's
+/// code alone (docs/benchmarks.md, Scale). `castellan operator` and `castellan agent`
+/// therefore execute the role's binary when it is installed beside `castellan` (the
+/// images and `cargo build` put it there), so that the chart, the images' entrypoint and
+/// every script keep one command; without it they run in this binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Operator,
+    Agent,
+}
+
+impl Role {
+    /// The role's binary's file name.
+    pub fn binary(self) -> &'static str {
+        match self {
+            Self::Operator => "castellan-operator",
+            Self::Agent => "castellan-agent",
+        }
+    }
+}
+
+/// How a long-lived control process (operator, agent) is to be started: which binary,
+/// and whether its environment needs `MALLOC_ARENA_MAX`.
+///
+/// glibc gives threads that allocate at the same time arenas of their own (up to eight
+/// per core), and memory freed in one arena serves no other: the burst of an operator
+/// starting onto 100 clusters (a hundred actors' requests at once) leaves each arena
+/// holding its peak. With one arena that operator held 9 MiB less untraced and 11–13
+/// MiB less with traces exported, of 50–57 MiB (docs/benchmarks.md, Scale); these
+/// processes do too little allocation for the shared lock to matter. The setting must
+/// be in place before the first allocation, and the code forbids `unsafe` (no
+/// `mallopt`), so the process is executed again with `MALLOC_ARENA_MAX=1` in its
+/// environment. A `MALLOC_ARENA_MAX` the user set is left as it is.
+#[derive(Debug, PartialEq, Eq)]
+struct Start {
+    /// The binary to execute, `None` for this one as it runs.
+    binary: Option<PathBuf>,
+    /// `MALLOC_ARENA_MAX=1` to add.
+    one_arena: bool,
+}
+
+impl Start {
+    /// For `role` run from `exe`: the role's binary beside it when `exe` is not already
+    /// that binary and it `exists`, and one malloc arena unless `arenas_set`.
+    fn of(role: Role, exe: &Path, exists: impl Fn(&Path) -> bool, arenas_set: bool) -> Self {
+        let sibling = exe.with_file_name(role.binary());
+        let own = exe.file_name() == Some(std::ffi::OsStr::new(role.binary()));
+        let binary = (!own && exists(&sibling)).then_some(sibling);
+        Self {
+            binary,
+            one_arena: !arenas_set && cfg!(all(target_os = "linux", target_env = "gnu")),
+        }
+    }
+
+    fn needed(&self) -> bool {
+        self.binary.is_some() || self.one_arena
+    }
+}
+
+/// Executes `role`'s process as [`Start`] says, with `role_args` (its arguments after
+/// the subcommand), keeping the pid. Returns only when nothing is to be executed or the
+/// execution failed (then the role runs here, with glibc's default arenas if that was
+/// the reason; the binary may have been replaced on disk).
+fn start_as(role: Role, role_args: Vec<std::ffi::OsString>, subcommand: bool) {
+    use std::os::unix::process::CommandExt;
+    const ARENAS: &str = "MALLOC_ARENA_MAX";
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let start = Start::of(
+        role,
+        &exe,
+        |p| p.is_file(),
+        std::env::var_os(ARENAS).is_some(),
+    );
+    if !start.needed() {
+        return;
+    }
+    let mut command = match &start.binary {
+        Some(binary) => std::process::Command::new(binary),
+        None => {
+            let mut command = std::process::Command::new(&exe);
+            if let Some(arg0) = std::env::args_os().next() {
+                command.arg0(arg0);
+            }
+            if subcommand {
+                command.arg(role_name(role));
+            }
+            command
+        }
+    };
+    if start.one_arena {
+        command.env(ARENAS, "1");
+    }
+    let error = command.args(role_args).exec();
+    let target = start.binary.as_deref().unwrap_or(&exe);
+    eprintln!(
+        "castellan: going on in this process: executing {} failed: {error}",
+        target.display()
+    );
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Operator => "operator",
+        Role::Agent => "agent",
+    }
+}
+
+/// The command line of a role's own binary: the role's arguments, as after
+/// `castellan <role>`.
+#[derive(Parser)]
+#[command(version = VERSION)]
+struct OperatorCli {
+    #[command(flatten)]
+    args: operator::OperatorArgs,
+}
+
+#[derive(Parser)]
+#[command(version = VERSION)]
+struct AgentCli {
+    #[command(flatten)]
+    args: agent::AgentArgs,
+}
+
+/// `main` of `castellan-operator` and `castellan-agent`.
+pub fn role_main(role: Role) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    start_as(role, std::env::args_os().skip(1).collect(), false);
+    match role {
+        Role::Operator => run_operator(OperatorCli::parse().args),
+        Role::Agent => agent::run(AgentCli::parse().args),
+    }
+}
+
+fn run_operator(args: operator::OperatorArgs) -> anyhow::Result<()> {
+    let _telemetry = telemetry::init("castellan-operator", args.log.log_format, &[]);
+    tokio::runtime::Runtime::new()
+        .context("starting the async runtime")?
+        .block_on(operator::run(args))
+}
+
+/// `main` of `castellan`.
+pub fn main() -> anyhow::Result<()> {
+    // The process' TLS provider, for clients that take it from the process (the S3
+    // client's reqwest): ring, as everything else here uses. It fails only when one is
+    // installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // kubectl runs a plugin by its file name: the same binary, linked or copied as
+    // `kubectl-castellan`, is the plugin with its own command line.
+    let invoked_as = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|path| path.file_name().map(|name| name.to_owned()));
+    if invoked_as.as_deref() == Some(std::ffi::OsStr::new(plugin::PLUGIN_NAME)) {
+        return plugin::run(plugin::PluginCli::parse().args);
+    }
+    let command = Cli::parse().command;
+    let role = match command {
+        Command::Operator(_) => Some(Role::Operator),
+        Command::Agent(_) => Some(Role::Agent),
+        _ => None,
+    };
+    if let Some(role) = role {
+        // `castellan <role> ARGS`: the subcommand is the first argument (the command
+        // line has no global options).
+        start_as(role, std::env::args_os().skip(2).collect(), true);
+    }
+    match command {
+        Command::Plugin(args) => plugin::run(args),
+        Command::Instance(args) => {
+            let _telemetry = telemetry::init(
+                "castellan-instance",
+                args.log.log_format,
+                &[
+                    ("cluster", args.cluster_name.clone()),
+                    ("instance", args.instance_name.clone()),
+                ],
+            );
+            tokio::runtime::Runtime::new()
+                .context("starting the async runtime")?
+                .block_on(instance::run(*args))
+        }
+        Command::Agent(args) => agent::run(args),
+        Command::Operator(args) => run_operator(args),
+        Command::Pki(args) => pki::cli::run(args),
+        Command::Upgrade(args) => std::process::exit(upgrade::main(args)),
+        Command::WalArchive { socket, file } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?
+            .block_on(instance::archive::request(&socket, &file)),
+        Command::WalRestore { socket, file, dest } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?
+            .block_on(instance::archive::request_restore(&socket, &file, &dest)),
+        Command::Crds { out_dir } => write_crds(out_dir),
+        Command::Version => {
+            println!(
+                "castellan {VERSION} (API {}/{})",
+                castellan_crds::GROUP,
+                castellan_crds::VERSION
+            );
+            Ok(())
+        }
+    }
+}
+
+fn write_crds(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    use castellan_crds::render;
+    let mut documents = Vec::new();
+    for crd in render::all() {
+        let name = render::file_name(&crd);
+        let yaml = render::to_yaml(&crd).with_context(|| format!("rendering {name}"))?;
+        match &out_dir {
+            Some(dir) => {
+                let path = dir.join(&name);
+                std::fs::write(&path, &yaml)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            None => documents.push(yaml),
+        }
+    }
+    if out_dir.is_none() {
+        print!("{}", documents.join("---\n"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::{Role, Start};
+
+    fn start(exe: &str, installed: &[&str], arenas_set: bool) -> Start {
+        let installed: Vec<PathBuf> = installed.iter().map(PathBuf::from).collect();
+        Start::of(
+            Role::Operator,
+            Path::new(exe),
+            |path| installed.iter().any(|p| p == path),
+            arenas_set,
+        )
+    }
+
+    #[test]
+    fn the_full_binary_hands_a_role_to_its_binary_beside_it() {
+        let start = start(
+            "/usr/local/bin/castellan",
+            &["/usr/local/bin/castellan-operator"],
+            false,
+        );
+        assert_eq!(
+            start.binary.as_deref(),
+            Some(Path::new("/usr/local/bin/castellan-operator"))
+        );
+        assert!(start.needed());
+    }
+
+    #[test]
+    fn without_the_role_binary_the_role_runs_in_the_full_one() {
+        // Another directory's role binary does not count: only the one beside it.
+        let start = start(
+            "/opt/castellan",
+            &["/usr/local/bin/castellan-operator"],
+            false,
+        );
+        assert_eq!(start.binary, None);
+    }
+
+    #[test]
+    fn the_role_binary_does_not_execute_itself_once_it_has_one_arena() {
+        let first = start(
+            "/usr/local/bin/castellan-operator",
+            &["/usr/local/bin/castellan-operator"],
+            false,
+        );
+        assert_eq!(first.binary, None);
+        assert_eq!(
+            first.needed(),
+            cfg!(all(target_os = "linux", target_env = "gnu"))
+        );
+        let again = start(
+            "/usr/local/bin/castellan-operator",
+            &["/usr/local/bin/castellan-operator"],
+            true,
+        );
+        assert!(!again.needed(), "{again:?}");
+    }
+
+    #[test]
+    fn a_user_set_arena_count_is_kept() {
+        let start = start(
+            "/usr/local/bin/castellan",
+            &["/usr/local/bin/castellan-operator"],
+            true,
+        );
+        assert!(!start.one_arena);
+        assert!(start.binary.is_some());
+    }
+
+    #[test]
+    fn each_role_binary_is_named_after_its_subcommand() {
+        for role in [Role::Operator, Role::Agent] {
+            assert_eq!(
+                role.binary(),
+                format!("castellan-{}", super::role_name(role))
+            );
+        }
+    }
+}
