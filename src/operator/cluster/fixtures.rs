@@ -131,9 +131,9 @@ pub fn settled(cluster: Arc<DatabaseCluster>, count: u32) -> ClusterState {
     };
     state
         .views
-        .insert("db-1".into(), primary_view(&names, &sync_names));
+        .insert("db-1".into(), Box::new(primary_view(&names, &sync_names)));
     for name in &standbys {
-        state.views.insert(name.clone(), view(name, &[]));
+        state.views.insert(name.clone(), Box::new(view(name, &[])));
     }
     state
 }
@@ -235,7 +235,7 @@ pub fn primary_lost(sync: bool, seconds: u64) -> (ClusterState, Vec<ClusterEffec
 pub fn state_view_at(state: &ClusterState, name: &str, seconds: u64) -> InstanceView {
     InstanceView {
         at: at(seconds),
-        ..state.views[name].clone()
+        ..(*state.views[name]).clone()
     }
 }
 

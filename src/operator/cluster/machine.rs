@@ -169,7 +169,7 @@ impl StateMachine for ClusterMachine {
                 }
                 state.now = Some(state.now.map_or(view.at, |now| now.max(view.at)));
                 state.began.get_or_insert(view.at);
-                let previous = state.views.insert(name.clone(), view.clone());
+                let previous = state.views.insert(name.clone(), Box::new(view.clone()));
                 state.stale.remove(&name);
                 // Anything status shows changed, or its positions and lag are long
                 // overdue (the resync's pass brings them every PROGRESS_REFRESH; this is
@@ -331,7 +331,7 @@ pub(super) fn converge(state: &mut ClusterState, effects: &mut Vec<ClusterEffect
     effects.push(ClusterEffect::Converge(Box::new(ConvergeOrder {
         refresh_progress,
         remove: removable(state, &cluster),
-        views: state.views.values().cloned().collect(),
+        views: state.views.values().map(|view| (**view).clone()).collect(),
         degraded: state.degraded.clone(),
         primary: state.primary.clone(),
         failover: state
@@ -785,9 +785,10 @@ mod tests {
     #[test]
     fn changed_parameters_are_reloaded_everywhere_with_sync_names_on_the_primary() {
         let mut state = settled(cluster(2, true, &[("work_mem", "8MB")]), 2);
-        state
-            .views
-            .insert("db-1".into(), primary_view(&["db-2"], "ANY 1 (\"db-2\")"));
+        state.views.insert(
+            "db-1".into(),
+            Box::new(primary_view(&["db-2"], "ANY 1 (\"db-2\")")),
+        );
         let (state, effects) = step(state, ClusterEvent::Observed(view("db-2", &[])));
         let wanted = BTreeMap::from([("work_mem".to_owned(), "8MB".to_owned())]);
         assert_eq!(
@@ -834,7 +835,7 @@ mod tests {
         };
         let mut primary = primary_view(&["db-2"], "");
         primary.access = Some(allowing.clone());
-        state.views.insert("db-1".into(), primary);
+        state.views.insert("db-1".into(), Box::new(primary));
         let mut refusing = view("db-2", &[]);
         refusing.access = Some(Access::default());
         let (_, effects) = step(state.clone(), ClusterEvent::Observed(refusing));
@@ -879,7 +880,7 @@ mod tests {
         let mut state = settled(cluster(2, true, &[]), 2);
         state
             .views
-            .insert("db-1".into(), primary_view(&["db-2"], ""));
+            .insert("db-1".into(), Box::new(primary_view(&["db-2"], "")));
         let (_, effects) = step(state, ClusterEvent::Observed(view("db-2", &[])));
         assert_eq!(
             commands(&effects),
@@ -902,7 +903,10 @@ mod tests {
         let mut state = settled(cluster(2, true, &[]), 3);
         state.views.insert(
             "db-1".into(),
-            primary_view(&["db-2", "db-3"], "ANY 1 (\"db-2\", \"db-3\")"),
+            Box::new(primary_view(
+                &["db-2", "db-3"],
+                "ANY 1 (\"db-2\", \"db-3\")",
+            )),
         );
         let (mut state, effects) = step(state, ClusterEvent::Desired(cluster(2, true, &[])));
         assert_eq!(
@@ -928,7 +932,7 @@ mod tests {
         state.converging = false;
         state.views.insert(
             "db-1".into(),
-            primary_view(&["db-2", "db-3"], "ANY 1 (\"db-2\")"),
+            Box::new(primary_view(&["db-2", "db-3"], "ANY 1 (\"db-2\")")),
         );
         let (_, effects) = step(state, ClusterEvent::Retry);
         assert_eq!(
@@ -972,7 +976,7 @@ mod tests {
                 },
                 _ => view(&name, &params),
             };
-            state.views.insert(name.clone(), pending(fresh));
+            state.views.insert(name.clone(), Box::new(pending(fresh)));
         }
         let (state, effects) = step(
             state,
@@ -1036,7 +1040,9 @@ mod tests {
             parameters: view("db-1", &params).parameters,
             ..primary_view(&["db-2"], "")
         };
-        state.views.insert("db-1".into(), pending(primary));
+        state
+            .views
+            .insert("db-1".into(), Box::new(pending(primary)));
         let mut down = pending(view("db-2", &params));
         down.ready = false;
         let (_, effects) = step(state, ClusterEvent::Observed(down));
@@ -1100,7 +1106,7 @@ mod tests {
         let mut state = settled(cluster(2, false, &[]), 2);
         let mut primary = primary_view(&["db-2"], "");
         primary.slots.clear();
-        state.views.insert("db-1".into(), primary.clone());
+        state.views.insert("db-1".into(), Box::new(primary.clone()));
         let (_, effects) = step(state, ClusterEvent::Observed(primary));
         assert!(matches!(
             &commands(&effects)[..],

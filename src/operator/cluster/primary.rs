@@ -246,7 +246,7 @@ pub(super) fn promote_when_safe(
         .views
         .iter()
         .filter(|(name, _)| **name != failover.from && state.members.contains_key(*name))
-        .map(|(_, view)| view)
+        .map(|(_, view)| &**view)
         .collect();
     let choice = match failover::choose(
         &candidates,
@@ -367,7 +367,7 @@ pub(super) fn demote_strays(
     let primary_serves = state
         .views
         .get(primary)
-        .is_some_and(InstanceView::serving_as_primary);
+        .is_some_and(|view| view.serving_as_primary());
     let strays: Vec<(String, bool)> = state
         .views
         .iter()
@@ -485,7 +485,7 @@ mod tests {
     #[test]
     fn a_serving_primary_gets_a_lease_from_its_view_and_replicas_do_not() {
         let state = settled(cluster(3, false, &[]), 3);
-        let mut primary = state.views["db-1"].clone();
+        let mut primary = (*state.views["db-1"]).clone();
         primary.at = at(7);
         let (state, effects) = step(state, ClusterEvent::Observed(primary));
         let granted = grants(&effects);
@@ -576,7 +576,7 @@ mod tests {
         // replica: no failover is decided on it.
         let before = InstanceView {
             at: at(6),
-            ..state.views["db-3"].clone()
+            ..(*state.views["db-3"]).clone()
         };
         let (state, effects) = step(idle(state), ClusterEvent::Observed(before));
         assert!(state.failover.is_none(), "{effects:?}");
@@ -590,7 +590,7 @@ mod tests {
         // failed over at once.
         let after = InstanceView {
             at: at(9),
-            ..state.views["db-3"].clone()
+            ..(*state.views["db-3"]).clone()
         };
         let (state, effects) = step(idle(state), ClusterEvent::Observed(after));
         assert!(notes(&effects).contains(&"FailingOver"), "{effects:?}");
@@ -820,10 +820,10 @@ mod tests {
         state.primary = Some("db-2".into());
         state.views.insert(
             "db-2".into(),
-            InstanceView {
+            Box::new(InstanceView {
                 name: "db-2".into(),
                 ..primary_view(&["db-1"], "")
-            },
+            }),
         );
         let waiting = InstanceView {
             name: "db-1".into(),
@@ -836,7 +836,8 @@ mod tests {
         assert!(notes(&effects).is_empty(), "rejoining is no split brain");
         // Without a serving primary to follow, it waits.
         let mut down = state;
-        down.views.insert("db-2".into(), unreachable("db-2", 0));
+        down.views
+            .insert("db-2".into(), Box::new(unreachable("db-2", 0)));
         let (_, effects) = step(down, ClusterEvent::Observed(waiting));
         assert!(
             !commands(&effects)

@@ -118,7 +118,7 @@ mod tests {
         let mut state = settled(cluster(3, true, &[]), 3);
         let mut primary = primary_view(&["db-2", "db-3"], "ANY 1 (\"db-2\", \"db-3\")");
         primary.standbys.retain(|s| s.name == "db-2");
-        state.views.insert("db-1".into(), primary.clone());
+        state.views.insert("db-1".into(), Box::new(primary.clone()));
         let (_, effects) = step(state, ClusterEvent::Observed(primary.clone()));
         assert!(
             commands(&effects).is_empty(),
@@ -130,7 +130,7 @@ mod tests {
             replication.data_durability = Some(DataDurability::Preferred);
         }
         let mut state = settled(Arc::new(spec), 3);
-        state.views.insert("db-1".into(), primary.clone());
+        state.views.insert("db-1".into(), Box::new(primary.clone()));
         let (_, effects) = step(state, ClusterEvent::Observed(primary));
         assert!(matches!(
             &commands(&effects)[..],

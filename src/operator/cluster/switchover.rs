@@ -41,7 +41,10 @@ pub(super) fn start_switchover(
     };
     let eligible = |state: &ClusterState, name: &str| {
         state.members.get(name).is_some_and(|m| !m.cordoned)
-            && state.views.get(name).is_some_and(failover::promotable)
+            && state
+                .views
+                .get(name)
+                .is_some_and(|view| failover::promotable(view))
             && streaming(name)
     };
     let (to, cause) = match requested {
@@ -80,6 +83,7 @@ pub(super) fn start_switchover(
             let mut candidates: Vec<&InstanceView> = state
                 .views
                 .values()
+                .map(|view| &**view)
                 .filter(|v| v.name != primary && eligible(state, &v.name))
                 .filter(|v| !state.members.get(&v.name).is_some_and(|m| m.outdated))
                 .collect();
