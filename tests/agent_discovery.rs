@@ -123,6 +123,35 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// Waits until the process started as `castellan agent` runs the agent's own
+    /// binary, castellan-agent beside it, with one malloc arena (it executes that
+    /// binary as it starts, keeping its pid), and panics if it does not within 10 s.
+    fn runs_the_agents_own_binary(&self) {
+        let proc = PathBuf::from(format!("/proc/{}", self.child.id()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let exe = fs::read_link(proc.join("exe")).expect("the agent's executable");
+            if exe.file_name().and_then(|name| name.to_str()) == Some("castellan-agent") {
+                let environ = fs::read(proc.join("environ")).expect("the agent's environment");
+                assert!(
+                    environ
+                        .split(|b| *b == 0)
+                        .any(|var| var == b"MALLOC_ARENA_MAX=1"),
+                    "castellan-agent runs without MALLOC_ARENA_MAX=1"
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent still runs {} after 10 s",
+                exe.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -238,7 +267,8 @@ async fn clean_ext4_gpt_and_btrfs_disks_are_reported_with_size_and_signatures() 
             &btrfs_loops[1].path,
         ],
     );
-    let _agent = Agent::start(&node, &scratch);
+    let agent = Agent::start(&node, &scratch);
+    agent.runs_the_agents_own_binary();
 
     let clean_object = wait_for(&api, &node, &loop_identity(&clean), "Unclaimed", |d| {
         state(d) == Some(BlockDeviceState::Unclaimed)
