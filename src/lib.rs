@@ -97,6 +97,14 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role's subcommand of `castellan`.
+    fn subcommand(self) -> &'static str {
+        match self {
+            Self::Operator => "operator",
+            Self::Agent => "agent",
+        }
+    }
+
     /// The role's binary's file name.
     pub fn binary(self) -> &'static str {
         match self {
@@ -171,7 +179,7 @@ fn start_as(role: Role, role_args: Vec<std::ffi::OsString>, subcommand: bool) {
                 command.arg0(arg0);
             }
             if subcommand {
-                command.arg(role_name(role));
+                command.arg(role.subcommand());
             }
             command
         }
@@ -185,13 +193,6 @@ fn start_as(role: Role, role_args: Vec<std::ffi::OsString>, subcommand: bool) {
         "castellan: going on in this process: executing {} failed: {error}",
         target.display()
     );
-}
-
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Operator => "operator",
-        Role::Agent => "agent",
-    }
 }
 
 /// The command line of a role's own binary: the role's arguments, as after
@@ -390,10 +391,7 @@ mod tests {
     #[test]
     fn each_role_binary_is_named_after_its_subcommand() {
         for role in [Role::Operator, Role::Agent] {
-            assert_eq!(
-                role.binary(),
-                format!("castellan-{}", super::role_name(role))
-            );
+            assert_eq!(role.binary(), format!("castellan-{}", role.subcommand()));
         }
     }
 }
