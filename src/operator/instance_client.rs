@@ -3,7 +3,11 @@
 //! address. JSON bodies, a deadline on everything. A command gets a connection of its
 //! own; the reads and lease renewals each replica actor makes every second go over a
 //! kept connection ([`call_kept`]), since a new one per call (TCP, and a TLS handshake,
-//! resumed or not) was most of an idle operator's CPU (docs/benchmarks.md).
+//! resumed or not) was most of an idle operator's CPU (docs/benchmarks.md). What is
+//! kept between calls is the verified TLS stream alone: hyper's side of a connection
+//! (its request channel, 16 KiB once it has carried a few requests, and its 8 KiB write
+//! and 4 KiB read buffers) is made for each call and dropped after it, which took
+//! about 25 KiB per instance off the operator's memory.
 //!
 //! An address names the server as well as where it is: `<server-name>@<ip>:<port>`
 //! ([`address`]). The pod is dialled at the IP, and its certificate must be valid for
@@ -131,15 +135,14 @@ fn target(address: &str) -> io::Result<(ServerName<'static>, &str)> {
     Ok((name, socket))
 }
 
+/// A connection to an instance, verified.
+type Stream = tokio_rustls::client::TlsStream<TcpStream>;
+
 /// Connects to the instance at `address` and verifies it is the one the address names.
-async fn connect(
-    tls: Arc<rustls::ClientConfig>,
-    address: &str,
-) -> io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>> {
+async fn connect(tls: Arc<rustls::ClientConfig>, address: &str) -> io::Result<Stream> {
     let (name, socket) = target(address)?;
     let stream = TcpStream::connect(socket).await?;
-    let stream = TlsConnector::from(tls).connect(name, stream).await?;
-    Ok(TokioIo::new(stream))
+    TlsConnector::from(tls).connect(name, stream).await
 }
 
 fn unconfigured() -> io::Error {
@@ -149,22 +152,56 @@ fn unconfigured() -> io::Error {
     )
 }
 
-/// Sends `request` and reads the whole answer.
+/// An answer: its status and whole body.
+type Answer = (hyper::StatusCode, Bytes);
+
+/// Sends `request` and reads the whole answer, and whether the instance will close the
+/// connection after it (`Connection: close`).
 async fn send(
     sender: &mut SendRequest<Full<Bytes>>,
     request: hyper::Request<Full<Bytes>>,
-) -> io::Result<(hyper::StatusCode, Bytes)> {
+) -> io::Result<(Answer, bool)> {
     let response = sender
         .send_request(request)
         .await
         .map_err(io::Error::other)?;
     let status = response.status();
+    let closing = response
+        .headers()
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("close"));
     let body = Limited::new(response.into_body(), MAX_BODY)
         .collect()
         .await
         .map_err(io::Error::other)?
         .to_bytes();
-    Ok((status, body))
+    Ok(((status, body), closing))
+}
+
+/// Sends `request` over `stream` and reads the answer; the stream back when it may
+/// carry another request (the instance keeps it open and sent nothing more).
+async fn exchange_on(
+    stream: Stream,
+    request: hyper::Request<Full<Bytes>>,
+) -> io::Result<(Answer, Option<Stream>)> {
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(io::Error::other)?;
+    // Dropping the sender ends the connection once the answer is read; without
+    // shutdown, it gives the stream back rather than closing it.
+    let exchanged = async move { send(&mut sender, request).await };
+    // The connection is driven here rather than spawned, so the caller's deadline
+    // ends it too.
+    let (exchanged, parts) = tokio::join!(exchanged, connection.without_shutdown());
+    let (answer, closing) = exchanged?;
+    let stream = match parts {
+        Ok(parts) if !closing && parts.read_buf.is_empty() => Some(parts.io.into_inner()),
+        _ => None,
+    };
+    Ok((answer, stream))
 }
 
 /// Connects, verifies the instance, sends one request and reads the answer.
@@ -172,17 +209,11 @@ async fn exchange(
     tls: Option<Arc<rustls::ClientConfig>>,
     address: &str,
     request: hyper::Request<Full<Bytes>>,
-) -> io::Result<(hyper::StatusCode, Bytes)> {
+) -> io::Result<Answer> {
     let stream = connect(tls.ok_or_else(unconfigured)?, address).await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(stream)
-        .await
-        .map_err(io::Error::other)?;
-    // Dropping the sender lets the connection close once the answer is read.
-    let exchanged = async move { send(&mut sender, request).await };
-    // The connection is driven here rather than spawned, so the caller's deadline
-    // ends it too.
-    let (exchanged, _closed) = tokio::join!(exchanged, connection);
-    exchanged
+    // Dropped afterwards: the connection closes.
+    let (answer, _stream) = exchange_on(stream, request).await?;
+    Ok(answer)
 }
 
 /// A kept connection is used for new requests this long after it was opened, then
@@ -195,7 +226,7 @@ const KEPT_AT_MOST: usize = 512;
 
 /// An open connection between two requests.
 struct Idle {
-    sender: SendRequest<Full<Bytes>>,
+    stream: Stream,
     /// The configuration it was verified with: after a CA rotation's `configure`, the
     /// connections of the old one are not used again.
     tls: Arc<rustls::ClientConfig>,
@@ -203,9 +234,11 @@ struct Idle {
 }
 
 impl Idle {
-    /// Within its time and not closed by the instance.
+    /// Within its time. Whether the instance closed it is found out when it is next
+    /// used (nothing reads a kept stream between calls): [`exchange_kept`] then sends
+    /// again on a new one.
     fn alive(&self) -> bool {
-        self.opened.elapsed() < KEPT_FOR && !self.sender.is_closed()
+        self.opened.elapsed() < KEPT_FOR
     }
 }
 
@@ -220,7 +253,7 @@ fn kept() -> std::sync::MutexGuard<'static, Vec<(String, Idle)>> {
 }
 
 /// An idle connection to `address` made with `tls`, if one is kept; those past their
-/// time, closed, or of another configuration are dropped on the way.
+/// time or of another configuration are dropped on the way.
 fn take(address: &str, tls: &Arc<rustls::ClientConfig>) -> Option<Idle> {
     let mut kept = kept();
     kept.retain(|(_, idle)| Arc::ptr_eq(&idle.tls, tls) && idle.alive());
@@ -235,27 +268,6 @@ fn park(address: &str, idle: Idle) {
     }
 }
 
-/// A new kept connection. Its task ends when the connection is dropped (not parked),
-/// when the instance closes it, and in any case once no request can still be on it.
-async fn open(tls: &Arc<rustls::ClientConfig>, address: &str) -> io::Result<Idle> {
-    let stream = connect(tls.clone(), address).await?;
-    // Answers are a few KiB: a 4 KiB read buffer instead of hyper's 8 KiB keeps 4 KiB
-    // less per instance for as long as the connection is kept.
-    let (sender, connection) = hyper::client::conn::http1::Builder::new()
-        .read_buf_exact_size(Some(4096))
-        .handshake(stream)
-        .await
-        .map_err(io::Error::other)?;
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(KEPT_FOR + TIMEOUT, connection).await;
-    });
-    Ok(Idle {
-        sender,
-        tls: tls.clone(),
-        opened: Instant::now(),
-    })
-}
-
 /// [`exchange`] over a kept connection when there is one, else a new one that is kept
 /// afterwards. A request that fails on a kept connection (the instance closed it, or
 /// restarted) is sent once more on a new one: only requests the instance may receive
@@ -264,16 +276,26 @@ async fn exchange_kept(
     tls: Option<Arc<rustls::ClientConfig>>,
     address: &str,
     request: impl Fn() -> io::Result<hyper::Request<Full<Bytes>>>,
-) -> io::Result<(hyper::StatusCode, Bytes)> {
+) -> io::Result<Answer> {
     let tls = tls.ok_or_else(unconfigured)?;
-    if let Some(mut idle) = take(address, &tls) {
-        let sent = match idle.sender.ready().await {
-            Ok(()) => send(&mut idle.sender, request()?).await,
-            Err(error) => Err(io::Error::other(error)),
-        };
-        match sent {
-            Ok(answer) => {
-                park(address, idle);
+    if let Some(Idle {
+        stream,
+        tls,
+        opened,
+    }) = take(address, &tls)
+    {
+        match exchange_on(stream, request()?).await {
+            Ok((answer, stream)) => {
+                if let Some(stream) = stream {
+                    park(
+                        address,
+                        Idle {
+                            stream,
+                            tls,
+                            opened,
+                        },
+                    );
+                }
                 return Ok(answer);
             }
             Err(error) => {
@@ -281,9 +303,19 @@ async fn exchange_kept(
             }
         }
     }
-    let mut idle = open(&tls, address).await?;
-    let answer = send(&mut idle.sender, request()?).await?;
-    park(address, idle);
+    let stream = connect(tls.clone(), address).await?;
+    let opened = Instant::now();
+    let (answer, stream) = exchange_on(stream, request()?).await?;
+    if let Some(stream) = stream {
+        park(
+            address,
+            Idle {
+                stream,
+                tls,
+                opened,
+            },
+        );
+    }
     Ok(answer)
 }
 
@@ -572,7 +604,7 @@ mod tests {
 
         // An instance that closes each connection after its answer (or restarted):
         // every call still gets through, on a new connection.
-        let (closing, closes) = serve(config, false).await;
+        let (closing, closes) = serve(config.clone(), false).await;
         let closing = address(
             &server_name("orders", "shop"),
             &closing.ip().to_string(),
@@ -593,5 +625,62 @@ mod tests {
             .await
             .expect("a kept call after the configuration changed");
         assert_eq!(accepted.load(Ordering::SeqCst), own + 3, "a new connection");
+
+        // An instance that closes a kept connection while it is idle, without saying
+        // so in its answer (it restarted): the next call finds out on the stream and
+        // gets through on a new connection.
+        let (dropping, drops) = serve_once(config).await;
+        let dropping = address(
+            &server_name("orders", "shop"),
+            &dropping.ip().to_string(),
+            i32::from(dropping.port()),
+        );
+        for _ in 0..3 {
+            let answer = call_kept("GET", &dropping, "/status", None, TIMEOUT)
+                .await
+                .expect("a call after the instance dropped the kept connection");
+            assert_eq!(answer["once"], true);
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+    }
+
+    /// A TLS server that answers the first request on each connection and then closes
+    /// it, with no `Connection: close`; and the count of connections it accepted.
+    async fn serve_once(config: rustls::ServerConfig) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("listening");
+        let bound = listener.local_addr().expect("address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let mut head = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = r#"{"once":true}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        (bound, accepted)
     }
 }
