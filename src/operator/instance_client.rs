@@ -240,6 +240,32 @@ impl Idle {
     fn alive(&self) -> bool {
         self.opened.elapsed() < KEPT_FOR
     }
+
+    /// Sends `request` over this connection to `address` and reads the answer; the
+    /// connection is kept again when it may carry another request.
+    async fn exchange(
+        self,
+        address: &str,
+        request: hyper::Request<Full<Bytes>>,
+    ) -> io::Result<Answer> {
+        let Self {
+            stream,
+            tls,
+            opened,
+        } = self;
+        let (answer, stream) = exchange_on(stream, request).await?;
+        if let Some(stream) = stream {
+            park(
+                address,
+                Self {
+                    stream,
+                    tls,
+                    opened,
+                },
+            );
+        }
+        Ok(answer)
+    }
 }
 
 /// The idle kept connections, by address.
@@ -278,45 +304,20 @@ async fn exchange_kept(
     request: impl Fn() -> io::Result<hyper::Request<Full<Bytes>>>,
 ) -> io::Result<Answer> {
     let tls = tls.ok_or_else(unconfigured)?;
-    if let Some(Idle {
-        stream,
-        tls,
-        opened,
-    }) = take(address, &tls)
-    {
-        match exchange_on(stream, request()?).await {
-            Ok((answer, stream)) => {
-                if let Some(stream) = stream {
-                    park(
-                        address,
-                        Idle {
-                            stream,
-                            tls,
-                            opened,
-                        },
-                    );
-                }
-                return Ok(answer);
-            }
+    if let Some(idle) = take(address, &tls) {
+        match idle.exchange(address, request()?).await {
+            Ok(answer) => return Ok(answer),
             Err(error) => {
                 tracing::debug!(%address, %error, "a kept connection to the instance failed: sending again on a new one");
             }
         }
     }
-    let stream = connect(tls.clone(), address).await?;
-    let opened = Instant::now();
-    let (answer, stream) = exchange_on(stream, request()?).await?;
-    if let Some(stream) = stream {
-        park(
-            address,
-            Idle {
-                stream,
-                tls,
-                opened,
-            },
-        );
-    }
-    Ok(answer)
+    let idle = Idle {
+        stream: connect(tls.clone(), address).await?,
+        tls,
+        opened: Instant::now(),
+    };
+    idle.exchange(address, request()?).await
 }
 
 /// Sends one request and returns the JSON body of a 2xx answer.
@@ -479,13 +480,16 @@ mod tests {
         assert!(target("10.0.0.7:8000").is_err(), "no name, no call");
     }
 
-    /// A one-route HTTPS server with the instance manager's TLS configuration, and the
-    /// count of connections it accepted. `keep_alive: false` closes each connection
-    /// after its first answer.
-    async fn serve(
+    /// A TLS server with the instance manager's TLS configuration, each of whose
+    /// connections `handle` serves; and the count of connections it accepted.
+    async fn serve_with<F, Fut>(
         config: rustls::ServerConfig,
-        keep_alive: bool,
-    ) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        handle: F,
+    ) -> (std::net::SocketAddr, Arc<AtomicUsize>)
+    where
+        F: Fn(tokio_rustls::server::TlsStream<TcpStream>) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("listening");
@@ -493,6 +497,26 @@ mod tests {
         let accepted = Arc::new(AtomicUsize::new(0));
         let counted = accepted.clone();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let (acceptor, handle) = (acceptor.clone(), handle.clone());
+                tokio::spawn(async move {
+                    if let Ok(stream) = acceptor.accept(stream).await {
+                        handle(stream).await;
+                    }
+                });
+            }
+        });
+        (bound, accepted)
+    }
+
+    /// A one-route HTTPS server, and the count of connections it accepted.
+    /// `keep_alive: false` closes each connection after its first answer.
+    async fn serve(
+        config: rustls::ServerConfig,
+        keep_alive: bool,
+    ) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         let app = axum::Router::new().route(
             "/status",
             axum::routing::get(|headers: axum::http::HeaderMap| async move {
@@ -501,28 +525,19 @@ mod tests {
                 }))
             }),
         );
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                counted.fetch_add(1, Ordering::SeqCst);
-                let (acceptor, app) = (acceptor.clone(), app.clone());
-                tokio::spawn(async move {
-                    let Ok(stream) = acceptor.accept(stream).await else {
-                        return;
-                    };
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(keep_alive)
-                        .serve_connection(
-                            TokioIo::new(stream),
-                            hyper_util::service::TowerToHyperService::new(app),
-                        )
-                        .await;
-                });
+        serve_with(config, move |stream| {
+            let app = app.clone();
+            async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(keep_alive)
+                    .serve_connection(
+                        TokioIo::new(stream),
+                        hyper_util::service::TowerToHyperService::new(app),
+                    )
+                    .await;
             }
-        });
-        (bound, accepted)
+        })
+        .await
     }
 
     #[tokio::test]
@@ -648,39 +663,23 @@ mod tests {
     /// it, with no `Connection: close`; and the count of connections it accepted.
     async fn serve_once(config: rustls::ServerConfig) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("listening");
-        let bound = listener.local_addr().expect("address");
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counted = accepted.clone();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    let Ok(mut stream) = acceptor.accept(stream).await else {
-                        return;
-                    };
-                    let mut head = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let body = r#"{"once":true}"#;
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = stream.write_all(answer.as_bytes()).await;
-                    let _ = stream.shutdown().await;
-                });
+        serve_with(config, |mut stream| async move {
+            let mut head = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&chunk[..n]),
+                }
             }
-        });
-        (bound, accepted)
+            let body = r#"{"once":true}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        })
+        .await
     }
 }
