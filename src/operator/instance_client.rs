@@ -211,8 +211,11 @@ async fn exchange(
     request: hyper::Request<Full<Bytes>>,
 ) -> io::Result<Answer> {
     let stream = connect(tls.ok_or_else(unconfigured)?, address).await?;
-    // Dropped afterwards: the connection closes.
-    let (answer, _stream) = exchange_on(stream, request).await?;
+    let (answer, stream) = exchange_on(stream, request).await?;
+    // Closed as hyper would have closed it: TLS close_notify, then the write side.
+    if let Some(mut stream) = stream {
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+    }
     Ok(answer)
 }
 
