@@ -10,6 +10,7 @@
 mod support;
 
 use support::disks::{MIB, run, sparse_file, write_ext4, write_gpt};
+use support::process;
 
 use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;
@@ -121,34 +122,22 @@ impl Agent {
             .expect("starting castellan agent");
         Self { child, log }
     }
-}
 
-impl Agent {
     /// Waits until the process started as `castellan agent` runs the agent's own
     /// binary, castellan-agent beside it, with one malloc arena (it executes that
     /// binary as it starts, keeping its pid), and panics if it does not within 10 s.
     fn runs_the_agents_own_binary(&self) {
-        let proc = PathBuf::from(format!("/proc/{}", self.child.id()));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let exe = fs::read_link(proc.join("exe")).expect("the agent's executable");
-            if exe.file_name().and_then(|name| name.to_str()) == Some("castellan-agent") {
-                let environ = fs::read(proc.join("environ")).expect("the agent's environment");
-                assert!(
-                    environ
-                        .split(|b| *b == 0)
-                        .any(|var| var == b"MALLOC_ARENA_MAX=1"),
-                    "castellan-agent runs without MALLOC_ARENA_MAX=1"
-                );
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent still runs {} after 10 s",
-                exe.display()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let pid = self.child.id();
+        support::cluster::wait_for(
+            "the agent runs castellan-agent",
+            Duration::from_secs(10),
+            || process::executable(pid) == "castellan-agent",
+            || format!("it runs {}", process::executable(pid)),
+        );
+        assert!(
+            process::has_env(pid, "MALLOC_ARENA_MAX=1"),
+            "castellan-agent runs without MALLOC_ARENA_MAX=1"
+        );
     }
 }
 

@@ -17,7 +17,7 @@ use support::cluster::{
     LocalVolumes, Operator, SUPERUSER_ACCESS, apply_cluster, describe, http_get, jsonpath,
     secret_value, try_superuser, wait_for,
 };
-use support::{TestNamespace, client, eventually, kubectl, kubectl_ok};
+use support::{TestNamespace, client, eventually, kubectl, kubectl_ok, process};
 
 /// Where the test's two operators serve /healthz, /readyz and /metrics (also their
 /// identities in the leader Lease).
@@ -48,28 +48,20 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
             || http_get(operator.address, "/healthz").0 == 200,
             || Operator::logs(&logs),
         );
-        let proc = PathBuf::from(format!("/proc/{}", operator.pid()));
-        let environ = std::fs::read(proc.join("environ")).expect("the operator's environment");
+        let pid = operator.pid();
         assert!(
-            environ
-                .split(|b| *b == 0)
-                .any(|var| var == format!("MALLOC_ARENA_MAX={arenas}").as_bytes()),
+            process::has_env(pid, &format!("MALLOC_ARENA_MAX={arenas}")),
             "operator {} runs without MALLOC_ARENA_MAX={arenas}",
             operator.address
         );
-        let exe = std::fs::read_link(proc.join("exe")).expect("the operator's executable");
+        let exe = process::executable(pid);
         assert_eq!(
-            exe.file_name().and_then(|name| name.to_str()),
-            Some("castellan-operator"),
-            "operator {} runs {}",
-            operator.address,
-            exe.display()
+            exe, "castellan-operator",
+            "operator {} runs {exe}",
+            operator.address
         );
-        let cmdline = std::fs::read(proc.join("cmdline")).expect("the operator's arguments");
         assert!(
-            cmdline
-                .split(|b| *b == 0)
-                .any(|arg| arg == operator.address.as_bytes()),
+            process::has_arg(pid, operator.address),
             "operator {} lost its arguments",
             operator.address
         );

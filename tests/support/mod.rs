@@ -9,6 +9,7 @@ pub mod faults;
 pub mod manifests;
 pub mod otel;
 pub mod postgres;
+pub mod process;
 pub mod s3;
 
 use std::path::PathBuf;
