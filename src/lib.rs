@@ -3,8 +3,7 @@
 //! ([`main`]). The operator and the agent also have a binary each ([`role_main`]),
 //! which `castellan operator` and `castellan agent` execute when it is installed beside
 //! them: a process maps only its own role's code.
-// Denied rather than forbidden: `heap` allows it for its one foreign call.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 
@@ -99,14 +98,6 @@ pub enum Role {
 }
 
 impl Role {
-    /// The role's subcommand of `castellan`.
-    fn subcommand(self) -> &'static str {
-        match self {
-            Self::Operator => "operator",
-            Self::Agent => "agent",
-        }
-    }
-
     /// The role's binary's file name.
     pub fn binary(self) -> &'static str {
         match self {
@@ -116,84 +107,30 @@ impl Role {
     }
 }
 
-/// How a long-lived control process (operator, agent) is to be started: which binary,
-/// and whether its environment needs `MALLOC_ARENA_MAX`.
-///
-/// glibc gives threads that allocate at the same time arenas of their own (up to eight
-/// per core), and memory freed in one arena serves no other: the burst of an operator
-/// starting onto 100 clusters (a hundred actors' requests at once) leaves each arena
-/// holding its peak. With one arena that operator held 9 MiB less untraced and 11–13
-/// MiB less with traces exported, of 50–57 MiB (docs/benchmarks.md, Scale); these
-/// processes do too little allocation for the shared lock to matter. The setting must
-/// be in place before the first allocation, and the code forbids `unsafe` (no
-/// `mallopt`), so the process is executed again with `MALLOC_ARENA_MAX=1` in its
-/// environment. A `MALLOC_ARENA_MAX` the user set is left as it is.
-#[derive(Debug, PartialEq, Eq)]
-struct Start {
-    /// The binary to execute, `None` for this one as it runs.
-    binary: Option<PathBuf>,
-    /// `MALLOC_ARENA_MAX=1` to add.
-    one_arena: bool,
+/// The binary `role` runs in when started from `exe`: the role's own binary beside it
+/// when `exe` is not already that binary and it `exists`, `None` for this one.
+fn role_binary(role: Role, exe: &Path, exists: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    let sibling = exe.with_file_name(role.binary());
+    let own = exe.file_name() == Some(std::ffi::OsStr::new(role.binary()));
+    (!own && exists(&sibling)).then_some(sibling)
 }
 
-impl Start {
-    /// For `role` run from `exe`: the role's binary beside it when `exe` is not already
-    /// that binary and it `exists`, and one malloc arena unless `arenas_set`.
-    fn of(role: Role, exe: &Path, exists: impl Fn(&Path) -> bool, arenas_set: bool) -> Self {
-        let sibling = exe.with_file_name(role.binary());
-        let own = exe.file_name() == Some(std::ffi::OsStr::new(role.binary()));
-        let binary = (!own && exists(&sibling)).then_some(sibling);
-        Self {
-            binary,
-            one_arena: !arenas_set && cfg!(all(target_os = "linux", target_env = "gnu")),
-        }
-    }
-
-    fn needed(&self) -> bool {
-        self.binary.is_some() || self.one_arena
-    }
-}
-
-/// Executes `role`'s process as [`Start`] says, with `role_args` (its arguments after
-/// the subcommand), keeping the pid. Returns only when nothing is to be executed or the
-/// execution failed (then the role runs here, with glibc's default arenas if that was
-/// the reason; the binary may have been replaced on disk).
-fn start_as(role: Role, role_args: Vec<std::ffi::OsString>, subcommand: bool) {
+/// Executes `role`'s own binary ([`role_binary`]) with `role_args` (its arguments after
+/// the subcommand), keeping the pid. Returns only when there is none to execute or the
+/// execution failed (then the role runs here; the binary may have been replaced on
+/// disk).
+fn start_as(role: Role, role_args: Vec<std::ffi::OsString>) {
     use std::os::unix::process::CommandExt;
-    const ARENAS: &str = "MALLOC_ARENA_MAX";
     let Ok(exe) = std::env::current_exe() else {
         return;
     };
-    let start = Start::of(
-        role,
-        &exe,
-        |p| p.is_file(),
-        std::env::var_os(ARENAS).is_some(),
-    );
-    if !start.needed() {
+    let Some(binary) = role_binary(role, &exe, |p| p.is_file()) else {
         return;
-    }
-    let mut command = match &start.binary {
-        Some(binary) => std::process::Command::new(binary),
-        None => {
-            let mut command = std::process::Command::new(&exe);
-            if let Some(arg0) = std::env::args_os().next() {
-                command.arg0(arg0);
-            }
-            if subcommand {
-                command.arg(role.subcommand());
-            }
-            command
-        }
     };
-    if start.one_arena {
-        command.env(ARENAS, "1");
-    }
-    let error = command.args(role_args).exec();
-    let target = start.binary.as_deref().unwrap_or(&exe);
+    let error = std::process::Command::new(&binary).args(role_args).exec();
     eprintln!(
         "castellan: going on in this process: executing {} failed: {error}",
-        target.display()
+        binary.display()
     );
 }
 
@@ -216,7 +153,6 @@ struct AgentCli {
 /// `main` of `castellan-operator` and `castellan-agent`.
 pub fn role_main(role: Role) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    start_as(role, std::env::args_os().skip(1).collect(), false);
     match role {
         Role::Operator => run_operator(OperatorCli::parse().args),
         Role::Agent => agent::run(AgentCli::parse().args),
@@ -254,7 +190,7 @@ pub fn main() -> anyhow::Result<()> {
     if let Some(role) = role {
         // `castellan <role> ARGS`: the subcommand is the first argument (the command
         // line has no global options).
-        start_as(role, std::env::args_os().skip(2).collect(), true);
+        start_as(role, std::env::args_os().skip(2).collect());
     }
     match command {
         Command::Plugin(args) => plugin::run(args),
@@ -322,78 +258,44 @@ fn write_crds(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use super::{Role, Start};
+    use super::{Role, role_binary};
 
-    fn start(exe: &str, installed: &[&str], arenas_set: bool) -> Start {
+    fn binary(exe: &str, installed: &[&str]) -> Option<PathBuf> {
         let installed: Vec<PathBuf> = installed.iter().map(PathBuf::from).collect();
-        Start::of(
-            Role::Operator,
-            Path::new(exe),
-            |path| installed.iter().any(|p| p == path),
-            arenas_set,
-        )
+        role_binary(Role::Operator, Path::new(exe), |path| {
+            installed.iter().any(|p| p == path)
+        })
     }
 
     #[test]
     fn the_full_binary_hands_a_role_to_its_binary_beside_it() {
-        let start = start(
-            "/usr/local/bin/castellan",
-            &["/usr/local/bin/castellan-operator"],
-            false,
-        );
         assert_eq!(
-            start.binary.as_deref(),
+            binary(
+                "/usr/local/bin/castellan",
+                &["/usr/local/bin/castellan-operator"]
+            )
+            .as_deref(),
             Some(Path::new("/usr/local/bin/castellan-operator"))
         );
-        assert!(start.needed());
     }
 
     #[test]
     fn without_the_role_binary_the_role_runs_in_the_full_one() {
         // Another directory's role binary does not count: only the one beside it.
-        let start = start(
-            "/opt/castellan",
-            &["/usr/local/bin/castellan-operator"],
-            false,
-        );
-        assert_eq!(start.binary, None);
-    }
-
-    #[test]
-    fn the_role_binary_does_not_execute_itself_once_it_has_one_arena() {
-        let first = start(
-            "/usr/local/bin/castellan-operator",
-            &["/usr/local/bin/castellan-operator"],
-            false,
-        );
-        assert_eq!(first.binary, None);
         assert_eq!(
-            first.needed(),
-            cfg!(all(target_os = "linux", target_env = "gnu"))
+            binary("/opt/castellan", &["/usr/local/bin/castellan-operator"]),
+            None
         );
-        let again = start(
-            "/usr/local/bin/castellan-operator",
-            &["/usr/local/bin/castellan-operator"],
-            true,
-        );
-        assert!(!again.needed(), "{again:?}");
     }
 
     #[test]
-    fn a_user_set_arena_count_is_kept() {
-        let start = start(
-            "/usr/local/bin/castellan",
-            &["/usr/local/bin/castellan-operator"],
-            true,
+    fn the_role_binary_does_not_execute_itself() {
+        assert_eq!(
+            binary(
+                "/usr/local/bin/castellan-operator",
+                &["/usr/local/bin/castellan-operator"]
+            ),
+            None
         );
-        assert!(!start.one_arena);
-        assert!(start.binary.is_some());
-    }
-
-    #[test]
-    fn each_role_binary_is_named_after_its_subcommand() {
-        for role in [Role::Operator, Role::Agent] {
-            assert_eq!(role.binary(), format!("castellan-{}", role.subcommand()));
-        }
     }
 }

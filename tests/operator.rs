@@ -22,6 +22,8 @@ use support::{TestNamespace, client, eventually, kubectl, kubectl_ok, process};
 /// Where the test's two operators serve /healthz, /readyz and /metrics (also their
 /// identities in the leader Lease).
 const METRICS_ADDRESSES: [&str; 2] = ["127.0.60.1:8080", "127.0.60.2:8080"];
+/// The environment variable that overrides jemalloc's built-in options (src/heap.rs).
+const ALLOCATOR_OPTIONS: &str = "_RJEM_MALLOC_CONF";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_two_instance_cluster_becomes_ready_and_replicates() {
@@ -32,16 +34,21 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
     // Two replicas of the operator: only the one holding the Lease acts.
     let mut operators = vec![
         Operator::start(&ns, METRICS_ADDRESSES[0]),
-        // A user's own malloc setting, which the operator keeps.
-        Operator::start_with_env(&ns, METRICS_ADDRESSES[1], &[], &[("MALLOC_ARENA_MAX", "2")]),
+        // A user's own allocator options (docs/operations.md), which reach the
+        // operator's binary.
+        Operator::start_with_env(
+            &ns,
+            METRICS_ADDRESSES[1],
+            &[],
+            &[(ALLOCATOR_OPTIONS, "narenas:2")],
+        ),
     ];
     let logs: Vec<PathBuf> = operators.iter().map(|o| o.log.clone()).collect();
     let operator_log = || Operator::logs(&logs);
     // Both were started as `castellan operator` and run the operator's own binary,
     // castellan-operator beside it (a process maps only its role's code), keeping their
-    // pid and arguments. The first runs with one malloc arena: MALLOC_ARENA_MAX=1 was
-    // added as it executed that binary. The second keeps the value it was started with.
-    for (operator, arenas) in operators.iter().zip(["1", "2"]) {
+    // pid, arguments and environment.
+    for operator in &operators {
         wait_for(
             "the operator serves /healthz",
             Duration::from_secs(30),
@@ -49,11 +56,6 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
             || Operator::logs(&logs),
         );
         let pid = operator.pid();
-        assert!(
-            process::has_env(pid, &format!("MALLOC_ARENA_MAX={arenas}")),
-            "operator {} runs without MALLOC_ARENA_MAX={arenas}",
-            operator.address
-        );
         let exe = process::executable(pid);
         assert_eq!(
             exe, "castellan-operator",
@@ -66,6 +68,11 @@ async fn a_two_instance_cluster_becomes_ready_and_replicates() {
             operator.address
         );
     }
+    let options = format!("{ALLOCATOR_OPTIONS}=narenas:2");
+    assert!(
+        process::has_env(operators[1].pid(), &options),
+        "the second operator runs without {options}"
+    );
     let started = Instant::now();
     // Every statement logged: the passwords Castellan sets must not be among them.
     apply_cluster(

@@ -126,7 +126,6 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: AgentArgs) -> anyhow::Result<()> {
-    tokio::spawn(crate::heap::keep_trimmed());
     let node = args.node_name.clone();
     let client = crate::api_client::infer().await?;
 

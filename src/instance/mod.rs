@@ -1593,7 +1593,6 @@ fn initial_access(args: &InstanceArgs) -> anyhow::Result<Access> {
 
 /// Runs the instance manager until SIGTERM or SIGINT.
 pub async fn run(args: InstanceArgs) -> anyhow::Result<()> {
-    tokio::spawn(crate::heap::keep_trimmed());
     // Before anything touches the data: without its certificate the instance could
     // never be driven, so it should not start a server either.
     let tls = crate::pki::tls::instance_server_config(

@@ -110,7 +110,6 @@ pub struct OperatorArgs {
 }
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
-    tokio::spawn(crate::heap::keep_trimmed());
     let client = crate::api_client::infer().await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let serving = endpoints::serve(args.metrics_address, client.clone(), metrics.clone());
