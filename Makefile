@@ -115,10 +115,10 @@ deny: deps
 	  "$$deny" --manifest-path Cargo.toml --config deploy/deny/deny.toml --workspace --locked --offline check --hide-inclusion-graph
 
 # Container images as OCI archives, without a daemon (deploy/images/build.sh): Debian
-# layers by mmdebstrap (cached), the release binary on top. Prints the archives' paths.
+# layers by mmdebstrap (cached), the release binary (deploy/release/build.sh) on top.
+# Prints the archives' paths.
 images: deps
-	cargo build --release -p castellan
-	@deploy/images/build.sh
+	@CASTELLAN_BINARY="$$(deploy/release/build.sh)/castellan" deploy/images/build.sh
 
 # The images' Debian layers only: make test builds them beside the lints, and
 # tests/images.rs adds its binary to them.
@@ -168,11 +168,13 @@ bench-failover: controlplane
 # out). The operator and agent measured, and the 100 instance managers, are the release
 # build, as the images carry it: 100 debug-built managers alone take a core.
 bench-scale: controlplane otel
-	cargo build --release -p castellan --bins
+	deploy/release/build.sh >/dev/null
 	cargo bench --profile dev -p castellan --bench scale --no-run
 	mkdir -p .dev
-	sed 's#/debug/castellan"#/release/castellan"#' deploy/node/images.yaml > .dev/bench-scale-images.yaml
-	CASTELLAN_IMAGES=$(CURDIR)/.dev/bench-scale-images.yaml bench/local_cluster.sh cargo bench --profile dev -p castellan --bench scale
+	@release="$$(deploy/release/build.sh --dir)"; \
+	  sed "s#\$${CARGO_TARGET_DIR}/debug/castellan\"#$$release/castellan\"#" deploy/node/images.yaml > .dev/bench-scale-images.yaml; \
+	  echo "CASTELLAN_RELEASE=$$release CASTELLAN_IMAGES=$(CURDIR)/.dev/bench-scale-images.yaml bench/local_cluster.sh cargo bench --profile dev -p castellan --bench scale"; \
+	  CASTELLAN_RELEASE="$$release" CASTELLAN_IMAGES=$(CURDIR)/.dev/bench-scale-images.yaml bench/local_cluster.sh cargo bench --profile dev -p castellan --bench scale
 
 # PostgreSQL 18.3 and 18.4 for the minor update (postgres). BENCH_UPGRADE_RUNS
 # (scale:instances,…; default 7:3,135:3) chooses the major upgrades (bench/upgrade.rs);

@@ -28,7 +28,7 @@ log() { echo "bench: $*" >&2; }
 die() { echo "bench: error: $*" >&2; exit 1; }
 
 cleanup() {
-  if [[ -n "$operator_pid" && "$(readlink "/proc/$operator_pid/exe" 2>/dev/null)" == */castellan ]]; then
+  if [[ -n "$operator_pid" && "$(readlink "/proc/$operator_pid/exe" 2>/dev/null)" == */castellan* ]]; then
     kill "$operator_pid" 2>/dev/null || true
   fi
   bench_cluster_down
@@ -38,7 +38,7 @@ trap cleanup EXIT
 bench_cluster_up
 # The nodes run the debug build (the image map's); the measured operator is the
 # release build, as it would be deployed.
-(cd "$repo" && cargo build --quiet -p castellan && cargo build --quiet --release -p castellan) \
+release="$(cd "$repo" && cargo build --quiet -p castellan && deploy/release/build.sh --quiet)" \
   || die "building castellan failed"
 
 uid="$(id -u postgres)"
@@ -88,7 +88,7 @@ reset_volumes() { # count
 log "starting the operator"
 (
   export KUBECONFIG="$dev/kubeconfig" RUST_LOG=warn
-  exec "$CARGO_TARGET_DIR/release/castellan" operator --postgres-uid "$uid" --postgres-gid "$gid" \
+  exec "$release/castellan" operator --postgres-uid "$uid" --postgres-gid "$gid" \
     --namespace "$ns" --watch-namespace "$ns" --metrics-address 127.0.63.1:8080 --identity bench
 ) >"$dev/logs/operator.log" 2>&1 &
 operator_pid=$!

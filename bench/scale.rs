@@ -4,10 +4,10 @@
 //!
 //! Against the local cluster in `CASTELLAN_KUBECONFIG` (`make bench-scale` brings up
 //! its own, port base 56000, and tears it down). The measured operator and agent are
-//! the release build (`$CARGO_TARGET_DIR/release/castellan`, as deployed), run as host
-//! processes so that /proc gives their memory and CPU time; the nodes run the same
-//! release build's instance managers (`make bench-scale` gives them an image map that
-//! says so). Three parts:
+//! the release build, as deployed (deploy/release/build.sh; the directory is in
+//! `CASTELLAN_RELEASE`), run as host processes so that /proc gives their memory and
+//! CPU time; the nodes run the same release build's instance managers (`make
+//! bench-scale` gives them an image map that says so). Three parts:
 //!
 //! 1. **Castellan, real clusters.** `BENCH_CLUSTERS` (default 100) single-instance
 //!    PostgreSQL 15 clusters (`shared_buffers` 16MB, `max_connections` 20: small pods)
@@ -68,13 +68,15 @@ const OTLP_PORT: u16 = 25420;
 const LATENCY_SAMPLES: usize = 20;
 
 fn release_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| support::repo().join("target"));
-    let binary = target.join("release/castellan");
+    let binary = std::env::var_os("CASTELLAN_RELEASE")
+        .map(|dir| PathBuf::from(dir).join("castellan"))
+        .expect(
+            "CASTELLAN_RELEASE names no directory: `make bench-scale` builds the release \
+             binaries (deploy/release/build.sh) and sets it",
+        );
     assert!(
         binary.exists(),
-        "{} is missing: `make bench-scale` builds it (cargo build --release -p castellan)",
+        "{} is missing: `make bench-scale` builds it (deploy/release/build.sh)",
         binary.display()
     );
     binary

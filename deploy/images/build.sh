@@ -30,7 +30,7 @@
 # /var/lib/dpkg/status, the main ones in its labels. A package that cannot be installed
 # or a program the processes run that is missing fails the build.
 #
-# Input:  CASTELLAN_BINARY (default $CARGO_TARGET_DIR/release/castellan),
+# Input:  CASTELLAN_BINARY (default: the release build, deploy/release/build.sh --dir),
 #         CASTELLAN_CACHE (/var/cache/castellan), CASTELLAN_DEBIAN_MIRROR,
 #         CASTELLAN_DEBIAN_SECURITY_MIRROR, SOURCE_DATE_EPOCH.
 # Output: $CASTELLAN_IMAGES_OUT (default $CASTELLAN_CACHE/images/<profile of the binary>)
@@ -42,7 +42,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${CASTELLAN_CACHE:-/var/cache/castellan}"
-binary="${CASTELLAN_BINARY:-${CARGO_TARGET_DIR:-$cache_root/target}/release/castellan}"
+binary="${CASTELLAN_BINARY:-$("$here/../release/build.sh" --dir)/castellan}"
 mirror="${CASTELLAN_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 security_mirror="${CASTELLAN_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
 base_root="$cache_root/images/base"
@@ -272,7 +272,7 @@ for name in "${names[@]}"; do
 done
 ((base_only)) && exit 0
 
-[[ -x $binary ]] || fail "no castellan binary at $binary (cargo build --release -p castellan, or set CASTELLAN_BINARY)"
+[[ -x $binary ]] || fail "no castellan binary at $binary (deploy/release/build.sh, or set CASTELLAN_BINARY)"
 version="$("$binary" version | awk '{ print $2 }')"
 [[ -n $version ]] || fail "$binary version printed no version"
 out="${CASTELLAN_IMAGES_OUT:-$cache_root/images/$(basename "$(dirname "$binary")")}"
