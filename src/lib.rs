@@ -161,9 +161,20 @@ pub fn role_main(role: Role) -> anyhow::Result<()> {
 
 fn run_operator(args: operator::OperatorArgs) -> anyhow::Result<()> {
     let _telemetry = telemetry::init("castellan-operator", args.log.log_format, &[]);
-    tokio::runtime::Runtime::new()
-        .context("starting the async runtime")?
-        .block_on(operator::run(args))
+    runtime()?.block_on(operator::run(args))
+}
+
+/// The async runtime of Castellan's long-running processes (operator, agent, instance
+/// manager) and of the plugin: two workers, whatever the node's core count. Their work
+/// is waiting on the network, the API server and PostgreSQL; tokio's default, one
+/// worker per core, would give each of a 64-core node's instance managers 64 threads'
+/// stacks and queues, and their idle wake-ups, for nothing.
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 /// `main` of `castellan`.
@@ -203,9 +214,7 @@ pub fn main() -> anyhow::Result<()> {
                     ("instance", args.instance_name.clone()),
                 ],
             );
-            tokio::runtime::Runtime::new()
-                .context("starting the async runtime")?
-                .block_on(instance::run(*args))
+            runtime()?.block_on(instance::run(*args))
         }
         Command::Agent(args) => agent::run(args),
         Command::Operator(args) => run_operator(args),
@@ -258,7 +267,38 @@ fn write_crds(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use super::{Role, role_binary};
+    use super::{Role, role_binary, runtime};
+
+    /// Set in the environment of the test binary run again by the test below.
+    const CHILD: &str = "CASTELLAN_RUNTIME_TEST_CHILD";
+
+    #[test]
+    fn the_runtime_has_two_workers_whatever_the_cores() {
+        let workers = |runtime: tokio::runtime::Runtime| runtime.metrics().num_workers();
+        if std::env::var_os(CHILD).is_some() {
+            // Run by this test, with tokio's default set to 7 workers, as a 7-core
+            // machine would have it.
+            let default = tokio::runtime::Runtime::new().expect("tokio's default runtime");
+            assert_eq!(workers(default), 7, "TOKIO_WORKER_THREADS is not honoured");
+            assert_eq!(workers(runtime().expect("runtime")), 2);
+            return;
+        }
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let output = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "tests::the_runtime_has_two_workers_whatever_the_cores",
+            ])
+            .env("TOKIO_WORKER_THREADS", "7")
+            .env(CHILD, "1")
+            .output()
+            .unwrap_or_else(|e| panic!("running {} again: {e}", exe.display()));
+        assert!(output.status.success(), "{output:?}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("1 passed"),
+            "{output:?}"
+        );
+    }
 
     fn binary(exe: &str, installed: &[&str]) -> Option<PathBuf> {
         let installed: Vec<PathBuf> = installed.iter().map(PathBuf::from).collect();

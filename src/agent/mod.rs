@@ -117,12 +117,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.log.log_format,
         &[("node", args.node_name.clone())],
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(serve(args))
+    crate::runtime()?.block_on(serve(args))
 }
 
 async fn serve(args: AgentArgs) -> anyhow::Result<()> {

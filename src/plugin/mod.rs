@@ -167,12 +167,7 @@ async fn connect(args: &PluginArgs) -> anyhow::Result<Target> {
 
 /// Runs the plugin: argv[0] was `kubectl-castellan`, or `castellan plugin` was asked for.
 pub fn run(args: PluginArgs) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(dispatch(args))
+    crate::runtime()?.block_on(dispatch(args))
 }
 
 async fn dispatch(args: PluginArgs) -> anyhow::Result<()> {
