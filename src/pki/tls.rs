@@ -111,14 +111,21 @@ pub fn client_config(
     }
     let roots = store;
     let certificate = OperatorCertificate::new(authority, SystemTime::now())?;
-    Ok(ClientConfig::builder_with_provider(provider())
+    let mut config = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|source| PkiError::Tls {
             what: "the operator's TLS client",
             source,
         })?
         .with_root_certificates(roots)
-        .with_client_cert_resolver(Arc::new(certificate)))
+        .with_client_cert_resolver(Arc::new(certificate));
+    // No session tickets: each instance's connection is kept for a minute
+    // (instance_client's `KEPT_FOR`), so resuming would save one handshake a minute
+    // per instance. rustls' store keeps the tickets of 32 servers, each with the
+    // server's certificate chain: with more instances than that it churns, resumes
+    // little and holds up to 256 tickets.
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(config)
 }
 
 /// The operator's client certificate, renewed when a third of its life is left. It
@@ -203,14 +210,21 @@ pub fn instance_server_config(
 ) -> Result<ServerConfig, PkiError> {
     let trust = FileTrust::load(ca_file)?;
     let certificate = FileCertificate::load(cert_file, key_file)?;
-    Ok(ServerConfig::builder_with_provider(provider())
+    let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|source| PkiError::Tls {
             what: "the instance API's TLS server",
             source,
         })?
         .with_client_cert_verifier(Arc::new(OperatorOnly(trust)))
-        .with_cert_resolver(Arc::new(certificate)))
+        .with_cert_resolver(Arc::new(certificate));
+    // No resumption: a resumed session is not verified again, so a client certificate
+    // of a CA the instance has stopped trusting would get through on a ticket of
+    // before; and the operator resumes none (`client_config`). Nothing is sent or
+    // stored for it either.
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    Ok(config)
 }
 
 /// The CA's verdict (chain, validity, EKU clientAuth), and then the client's name: the
@@ -519,6 +533,17 @@ mod tests {
         client: ClientConfig,
         name: &str,
     ) -> Option<CertificateDer<'static>> {
+        exchange_seen(server, client, name)
+            .await
+            .map(|(seen, _)| seen)
+    }
+
+    /// [`exchange`], and whether the server saw a full or a resumed handshake.
+    async fn exchange_seen(
+        server: Arc<ServerConfig>,
+        client: ClientConfig,
+        name: &str,
+    ) -> Option<(CertificateDer<'static>, rustls::HandshakeKind)> {
         let (near, far) = tokio::io::duplex(64 * 1024);
         let acceptor = TlsAcceptor::from(server);
         let server = tokio::spawn(async move {
@@ -526,7 +551,8 @@ mod tests {
             let mut byte = [0u8; 1];
             stream.read_exact(&mut byte).await.ok()?;
             stream.write_all(&byte).await.ok()?;
-            stream.flush().await.ok()
+            stream.flush().await.ok()?;
+            stream.get_ref().1.handshake_kind()
         });
         let name = rustls::pki_types::ServerName::try_from(name.to_owned()).expect("name");
         let client = async move {
@@ -542,8 +568,58 @@ mod tests {
             (byte == *b"x").then_some(seen)
         };
         let seen = client.await;
-        server.await.ok().flatten()?;
-        seen
+        let kind = server.await.ok().flatten()?;
+        Some((seen?, kind))
+    }
+
+    /// The kinds of two handshakes, one after the other, of `client` with `server`.
+    async fn two_handshakes(
+        server: Arc<ServerConfig>,
+        client: &ClientConfig,
+        name: &str,
+    ) -> Vec<rustls::HandshakeKind> {
+        let mut kinds = Vec::new();
+        for _ in 0..2 {
+            let (_, kind) = exchange_seen(server.clone(), client.clone(), name)
+                .await
+                .expect("an exchange");
+            kinds.push(kind);
+        }
+        kinds
+    }
+
+    #[tokio::test]
+    async fn no_session_is_resumed_on_either_side() {
+        use rustls::HandshakeKind::{Full, Resumed};
+        let now = SystemTime::now();
+        let ca = Arc::new(Authority::generate(now).expect("ca"));
+        let server = ca.issue_server("orders", "shop", now).expect("server");
+        let files = Files::write("full", &ca, &server);
+        let name = server_name("orders", "shop");
+        let instance = Arc::new(files.server_config());
+        let operator = operator_client_config(&Trust::single(ca.clone())).expect("operator config");
+
+        // rustls' defaults on both sides: the second handshake resumes the first.
+        let mut resuming_server = (*instance).clone();
+        resuming_server.send_tls13_tickets = 2;
+        resuming_server.session_storage = rustls::server::ServerSessionMemoryCache::new(256);
+        let resuming_server = Arc::new(resuming_server);
+        let mut resuming_client = operator.clone();
+        resuming_client.resumption = rustls::client::Resumption::default();
+        assert_eq!(
+            two_handshakes(resuming_server.clone(), &resuming_client, &name).await,
+            [Full, Resumed]
+        );
+
+        // The operator's client asks for none, and the instance's server gives none.
+        assert_eq!(
+            two_handshakes(resuming_server, &operator, &name).await,
+            [Full, Full]
+        );
+        assert_eq!(
+            two_handshakes(instance, &resuming_client, &name).await,
+            [Full, Full]
+        );
     }
 
     #[tokio::test]
