@@ -45,12 +45,10 @@ mod tests {
 
     /// The environment variable that overrides jemalloc's options.
     const OPTIONS: &str = "_RJEM_MALLOC_CONF";
-    /// Set in the environment of the test binary run again by the test below.
-    const CHILD: &str = "CASTELLAN_HEAP_TEST_CHILD";
 
     #[test]
     fn jemalloc_runs_with_the_options_built_in() {
-        if std::env::var_os(CHILD).is_some() {
+        if crate::tests::is_run_again() {
             // Run by the test below: exiting prints jemalloc's statistics.
             return;
         }
@@ -58,17 +56,10 @@ mod tests {
         // jemalloc prints the options it ran with. A build without the configuration
         // (cargo run from outside the workspace) shows jemalloc's defaults, four arenas
         // per core, thread caches and ten seconds of decay.
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let output = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                "heap::tests::jemalloc_runs_with_the_options_built_in",
-            ])
-            .env(OPTIONS, "stats_print:true")
-            .env(CHILD, "1")
-            .output()
-            .unwrap_or_else(|e| panic!("running {} again: {e}", exe.display()));
-        assert!(output.status.success(), "{output:?}");
+        let output = crate::tests::run_again(
+            "heap::tests::jemalloc_runs_with_the_options_built_in",
+            &[(OPTIONS, "stats_print:true")],
+        );
         let stats = String::from_utf8_lossy(&output.stderr);
         for option in [
             "opt.narenas: 1\n",

@@ -264,18 +264,42 @@ fn write_crds(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::{Path, PathBuf};
 
     use super::{Role, role_binary, runtime};
 
-    /// Set in the environment of the test binary run again by the test below.
-    const CHILD: &str = "CASTELLAN_RUNTIME_TEST_CHILD";
+    /// Set in the environment of a test binary run again by [`run_again`].
+    const CHILD: &str = "CASTELLAN_TEST_CHILD";
+
+    /// Whether this is the test binary run again by [`run_again`].
+    pub(crate) fn is_run_again() -> bool {
+        std::env::var_os(CHILD).is_some()
+    }
+
+    /// Runs this test binary again, the test at `path` alone, with `env` added, for what
+    /// is fixed when a process starts (its allocator's options, tokio's default); the
+    /// test sees [`is_run_again`]. Fails unless that one test passed.
+    pub(crate) fn run_again(path: &str, env: &[(&str, &str)]) -> std::process::Output {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let output = std::process::Command::new(&exe)
+            .args(["--exact", path])
+            .envs(env.iter().copied())
+            .env(CHILD, "1")
+            .output()
+            .unwrap_or_else(|e| panic!("running {} again: {e}", exe.display()));
+        assert!(output.status.success(), "{output:?}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("1 passed"),
+            "{path} did not run: {output:?}"
+        );
+        output
+    }
 
     #[test]
     fn the_runtime_has_two_workers_whatever_the_cores() {
         let workers = |runtime: tokio::runtime::Runtime| runtime.metrics().num_workers();
-        if std::env::var_os(CHILD).is_some() {
+        if is_run_again() {
             // Run by this test, with tokio's default set to 7 workers, as a 7-core
             // machine would have it.
             let default = tokio::runtime::Runtime::new().expect("tokio's default runtime");
@@ -283,20 +307,9 @@ mod tests {
             assert_eq!(workers(runtime().expect("runtime")), 2);
             return;
         }
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let output = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                "tests::the_runtime_has_two_workers_whatever_the_cores",
-            ])
-            .env("TOKIO_WORKER_THREADS", "7")
-            .env(CHILD, "1")
-            .output()
-            .unwrap_or_else(|e| panic!("running {} again: {e}", exe.display()));
-        assert!(output.status.success(), "{output:?}");
-        assert!(
-            String::from_utf8_lossy(&output.stdout).contains("1 passed"),
-            "{output:?}"
+        run_again(
+            "tests::the_runtime_has_two_workers_whatever_the_cores",
+            &[("TOKIO_WORKER_THREADS", "7")],
         );
     }
 
