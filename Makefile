@@ -171,9 +171,8 @@ bench-scale: controlplane otel
 	deploy/release/build.sh >/dev/null
 	cargo bench --profile dev -p castellan --bench scale --no-run
 	mkdir -p .dev
-	@release="$$(deploy/release/build.sh --dir)"; \
+	release="$$(deploy/release/build.sh --dir)"; \
 	  sed "s#\$${CARGO_TARGET_DIR}/debug/castellan\"#$$release/castellan\"#" deploy/node/images.yaml > .dev/bench-scale-images.yaml; \
-	  echo "CASTELLAN_RELEASE=$$release CASTELLAN_IMAGES=$(CURDIR)/.dev/bench-scale-images.yaml bench/local_cluster.sh cargo bench --profile dev -p castellan --bench scale"; \
 	  CASTELLAN_RELEASE="$$release" CASTELLAN_IMAGES=$(CURDIR)/.dev/bench-scale-images.yaml bench/local_cluster.sh cargo bench --profile dev -p castellan --bench scale
 
 # PostgreSQL 18.3 and 18.4 for the minor update (postgres). BENCH_UPGRADE_RUNS
