@@ -49,7 +49,7 @@ mod tests {
     #[test]
     fn jemalloc_runs_with_the_options_built_in() {
         if crate::tests::is_run_again() {
-            // Run by the test below: exiting prints jemalloc's statistics.
+            // Run again by this test (below): exiting prints jemalloc's statistics.
             return;
         }
         // This test binary run again, this test alone, with `stats_print`: at exit

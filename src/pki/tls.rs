@@ -572,6 +572,17 @@ mod tests {
         Some((seen?, kind))
     }
 
+    /// An instance's side of the tests: a CA, the server certificate it issued for
+    /// instance `orders` of cluster `shop`, written as the instance reads them (under
+    /// `tag`), and the name the operator verifies.
+    fn an_instance(tag: &str) -> (Arc<Authority>, crate::pki::Issued, Files, String) {
+        let now = SystemTime::now();
+        let ca = Arc::new(Authority::generate(now).expect("ca"));
+        let server = ca.issue_server("orders", "shop", now).expect("server");
+        let files = Files::write(tag, &ca, &server);
+        (ca, server, files, server_name("orders", "shop"))
+    }
+
     /// The kinds of two handshakes, one after the other, of `client` with `server`.
     async fn two_handshakes(
         server: Arc<ServerConfig>,
@@ -591,11 +602,7 @@ mod tests {
     #[tokio::test]
     async fn no_session_is_resumed_on_either_side() {
         use rustls::HandshakeKind::{Full, Resumed};
-        let now = SystemTime::now();
-        let ca = Arc::new(Authority::generate(now).expect("ca"));
-        let server = ca.issue_server("orders", "shop", now).expect("server");
-        let files = Files::write("full", &ca, &server);
-        let name = server_name("orders", "shop");
+        let (ca, _, files, name) = an_instance("full");
         let instance = Arc::new(files.server_config());
         let operator = operator_client_config(&Trust::single(ca.clone())).expect("operator config");
 
@@ -625,10 +632,7 @@ mod tests {
     #[tokio::test]
     async fn only_the_operator_gets_through() {
         let now = SystemTime::now();
-        let ca = Arc::new(Authority::generate(now).expect("ca"));
-        let server = ca.issue_server("orders", "shop", now).expect("server");
-        let files = Files::write("through", &ca, &server);
-        let name = server_name("orders", "shop");
+        let (ca, server, files, name) = an_instance("through");
 
         let operator = operator_client_config(&Trust::single(ca.clone())).expect("operator config");
         let config = Arc::new(files.server_config());
@@ -744,14 +748,12 @@ mod tests {
     #[tokio::test]
     async fn a_renewed_certificate_is_served_without_a_restart() {
         let now = SystemTime::now();
-        let ca = Arc::new(Authority::generate(now).expect("ca"));
-        let server = ca.issue_server("orders", "shop", now).expect("server");
-        let files = Files::write("renewed", &ca, &server);
+        let (ca, server, files, name) = an_instance("renewed");
         let config = Arc::new(files.server_config());
-        // A new client each time: a resumed session would show the first certificate.
+        // A new client each time: with one, a resumed session would show the first
+        // certificate wherever resumption were turned on again.
         let operator =
             || operator_client_config(&Trust::single(ca.clone())).expect("operator config");
-        let name = server_name("orders", "shop");
         let first = exchange(config.clone(), operator(), &name).await;
         assert_eq!(first, Some(server.cert_der().expect("der")));
         // Replaced as the kubelet does it: new files with a new modification time.
