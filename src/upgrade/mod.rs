@@ -111,7 +111,7 @@ pub fn main(args: UpgradeArgs) -> i32 {
         // Dropped (traces flushed, which may print) before the report is printed.
         let _telemetry =
             crate::telemetry::init("castellan-upgrade", crate::telemetry::LogFormat::Json, &[]);
-        let report = match crate::runtime() {
+        let report = match tokio::runtime::Runtime::new() {
             Ok(runtime) => {
                 let span = tracing::info_span!("upgrade", step);
                 // A panic is a bug, but the operator still gets its line.
@@ -131,7 +131,7 @@ pub fn main(args: UpgradeArgs) -> i32 {
                 Outcome::Failed,
                 None,
                 started.elapsed(),
-                format!("{error:#}"),
+                format!("starting the async runtime: {error}"),
             ),
         };
         if report.succeeded() {
